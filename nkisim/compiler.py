@@ -1,0 +1,88 @@
+"""``neuronxcc.nki.compiler`` (ncc): compiler decorators and direct allocation (ref §1.1).
+
+The decorators change how the real compiler optimizes, not what a kernel computes, so nkisim
+accepts them (validating their arguments) and records them on the kernel. Direct allocation
+(``ncc.sbuf.mod_alloc``) places tensors at explicit SBUF addresses: nkisim gives such tensors
+real storage at those addresses, so overlapping placements alias as they do on the device.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from .errors import nki_error
+from .runtime import Kernel
+from .tensor import DirectAlloc
+from .tensor import psum as _psum
+from .tensor import sbuf as _sbuf
+
+
+def _decorator(name, func, **flags):
+    def apply(f):
+        if not callable(f):
+            raise nki_error("nkisim_invalid_argument", api=f"nki.compiler.{name}",
+                            why="must decorate a function or an @nki.jit kernel")
+        if isinstance(f, Kernel):
+            f.options.setdefault("compiler", {})[name] = flags or True
+            return f
+        try:
+            f.__nki_compiler__ = {**getattr(f, "__nki_compiler__", {}), name: flags or True}
+        except AttributeError:
+            pass
+        return f
+    return apply(func) if func is not None else apply
+
+
+def skip_middle_end_transformations(func=None):
+    """Skip all middle end transformations on the kernel (accepted; no effect on values)."""
+    return _decorator("skip_middle_end_transformations", func)
+
+
+def enable_stack_allocator(func=None, log_level=50):
+    return _decorator("enable_stack_allocator", func, log_level=log_level)
+
+
+def force_auto_alloc(func=None):
+    return _decorator("force_auto_alloc", func)
+
+
+def no_reorder(func=None):
+    return _decorator("no_reorder", func)
+
+
+def multi_buffer(factor=2):
+    if int(factor) < 1:
+        raise nki_error("nkisim_invalid_argument", api="nki.compiler.multi_buffer",
+                        why="factor must be >= 1")
+    return lambda f: _decorator("multi_buffer", f, factor=int(factor))
+
+
+class allocation_scope:
+    """Context manager accepted for compatibility."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _allocator(kind):
+    base = _sbuf if kind == "sbuf" else _psum
+
+    def mod_alloc(*, base_addr=0, base_partition=0, num_par_tiles=(), num_free_tiles=(),
+                  **kwargs):
+        return DirectAlloc(kind, base_addr, base_partition, num_par_tiles, num_free_tiles)
+
+    def alloc(func):
+        raise nki_error("nkisim_unsupported", what=f"ncc.{kind}.alloc with a custom allocation "
+                        "function", why="use ncc.sbuf.mod_alloc")
+
+    def auto_alloc():
+        return base
+
+    return SimpleNamespace(mod_alloc=mod_alloc, alloc=alloc, auto_alloc=auto_alloc)
+
+
+sbuf = _allocator("sbuf")
+psum = _allocator("psum")

@@ -1,0 +1,159 @@
+"""The state of the kernel being executed: trace, loops, epochs, options.
+
+One :class:`Run` exists per top-level kernel call (``nki.simulate_kernel``, ``nki.baremetal``, a
+``@nki.jit`` kernel called with NumPy arrays, ``nki.benchmark``). NKI API calls made while no run
+is active raise ``err_nki_api_outside_of_nki_kernel``.
+
+Epochs. Every loop iteration gets a fresh *epoch* id; code outside loops runs in the kernel's
+epoch 1. Each tensor element remembers the epoch of its last write (its *shadow*, see
+``nkisim.tensor``). Epoch 0 means "never written" (uninitialized-read check); comparing the writer's
+epoch with the reader's tells whether two iterations of one ``affine_range`` loop touch the same
+element (race checks, ``nkisim.checks``). Ids grow monotonically, so everything written since the
+current iteration began has an epoch >= the current one: the common case is a single comparison.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+from . import errors
+from .arch import Arch, get_arch
+from .trace import Instr, Trace
+
+# The checks nkisim runs by default; each can be turned off (NKISIM_CHECKS=-races,-uninit or
+# `checks=` on simulate_kernel / the pytest option).
+ALL_CHECKS = ("uninit", "races", "outputs", "capacity", "warnings", "inputs")
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def parse_checks(spec: str | None) -> frozenset:
+    """``"all"``, ``"none"``, ``"uninit,races"`` or ``"-races"`` (all but races)."""
+    if spec is None or spec.strip() in ("", "all"):
+        return frozenset(ALL_CHECKS)
+    spec = spec.strip()
+    if spec == "none":
+        return frozenset()
+    items = [s.strip() for s in spec.split(",") if s.strip()]
+    unknown = [s.lstrip("-+") for s in items if s.lstrip("-+") not in ALL_CHECKS]
+    if unknown:
+        raise ValueError(f"unknown nkisim check(s) {unknown}; known: {', '.join(ALL_CHECKS)}")
+    if all(s.startswith("-") for s in items):
+        return frozenset(ALL_CHECKS) - {s[1:] for s in items}
+    return frozenset(s.lstrip("+") for s in items if not s.startswith("-"))
+
+
+@dataclass(slots=True, eq=False)
+class Loop:
+    """One activation of an ``nl.*_range`` loop."""
+
+    id: int
+    kind: str                 # "affine" | "sequential" | "static"
+    file: str
+    line: int
+    iteration: int = -1
+    epoch: int = 0            # epoch of the current iteration
+    first_epoch: int = 0      # epoch of iteration 0 (epochs of this activation are >= it)
+    parent_epoch: int = 1     # epoch of the context the loop runs in
+    scope: list = field(default_factory=list)   # allocations made in the current iteration
+
+
+@dataclass(slots=True, eq=False)
+class Run:
+    arch: Arch
+    checks: frozenset
+    trace: Trace
+    kernel_name: str = ""
+    loops: list = field(default_factory=list)       # active Loop stack, outermost first
+    epoch: int = 1
+    next_epoch: int = 2
+    next_loop_id: int = 1
+    # epoch -> (parent epoch, loop id, loop kind, iteration); epoch 1 is the kernel body
+    epochs: dict = field(default_factory=lambda: {1: (0, 0, "kernel", 0)})
+    grid: tuple = ()
+    program_ids: tuple = ()
+    shared_hbm: list = field(default_factory=list)   # shared_hbm tensors, in creation order
+    shared_hbm_cursor: int = 0
+    nesting: int = 0                                   # depth of kernel-calls-kernel
+    memory: object = None                             # nkisim.memory.Memory
+    sbuf_bytes: object = None                         # np.ndarray (P, bytes) for direct alloc
+    psum_bytes: object = None
+    allocated_kernel: bool = False                    # uses direct allocation
+    warned: set = field(default_factory=set)
+    last_fresh: object = None                         # result tile of the latest instruction
+    device_prints: list = field(default_factory=list)
+
+    # ---- loops and epochs ----
+    def new_epoch(self, loop: Loop, iteration: int) -> int:
+        e = self.next_epoch
+        self.next_epoch += 1
+        self.epochs[e] = (loop.parent_epoch, loop.id, loop.kind, iteration)
+        return e
+
+    def record(self, op, engine, reads, writes, dtype, partitions, free, detail=None) -> Instr:
+        file, line = caller_location()
+        instr = Instr(op, engine, tuple(reads), tuple(writes), dtype, partitions, free,
+                      detail if detail is not None else {},
+                      tuple((lp.id, lp.kind, lp.iteration) for lp in self.loops), file, line)
+        return self.trace.append(instr)
+
+    def warn(self, key, message: str) -> None:
+        """A suspicious-pattern warning, once per (key) per run, with the source line."""
+        if "warnings" not in self.checks or key in self.warned:
+            return
+        self.warned.add(key)
+        import warnings
+        file, line = caller_location()
+        warnings.warn_explicit(message, errors.NKIWarning, file or "<kernel>", line or 0)
+
+
+_current: list = []          # stack of active Runs (a kernel may simulate another: rare)
+
+
+def current() -> Run:
+    if not _current:
+        raise errors.nki_error("err_nki_api_outside_of_nki_kernel")
+    return _current[-1]
+
+
+def maybe_current() -> Run | None:
+    return _current[-1] if _current else None
+
+
+def push(run: Run) -> None:
+    _current.append(run)
+
+
+def pop() -> None:
+    _current.pop()
+
+
+def new_run(target: str | None = None, checks=None, kernel_name: str = "") -> Run:
+    arch = get_arch(target)
+    if checks is None:
+        checks = parse_checks(os.environ.get("NKISIM_CHECKS"))
+    elif isinstance(checks, str):
+        checks = parse_checks(checks)
+    else:
+        checks = frozenset(checks)
+    from .memory import Memory
+    run = Run(arch=arch, checks=checks, trace=Trace(target=arch.name, kernel=kernel_name),
+              kernel_name=kernel_name)
+    run.memory = Memory(run)
+    return run
+
+
+def caller_location() -> tuple[str, int]:
+    """(file, line) of the innermost frame outside the nkisim package: the kernel's line."""
+    f = sys._getframe(2)
+    while f is not None and f.f_code.co_filename.startswith(_PKG_DIR):
+        f = f.f_back
+    if f is None:
+        return "", 0
+    return f.f_code.co_filename, f.f_lineno
+
+
+def where(file: str, line: int) -> str:
+    return f"{os.path.basename(file)}:{line}" if file else "<unknown>"

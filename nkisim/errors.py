@@ -1,0 +1,184 @@
+"""NKI errors: one table of codes, exception classes and messages.
+
+Messages follow the format observed on a real neuronx-cc 2.26 run (ref §2.1):
+``<message>. Info on how to fix: https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/nki/api/nki.errors.html#<code-with-hyphens>``.
+Exception classes follow ref §2.1 (observed ValueError for the partition limit; the others per the
+third-party notes the reference lists). Raised exceptions are the built-in classes (so ``except
+ValueError`` works as with the real compiler) carrying ``nki_code``.
+
+Limits the docs give no code for (PSUM bank size, matmul tile limits, buffers of operands, dtypes,
+tile rank, SBUF/PSUM capacity) use nkisim's own codes prefixed ``nkisim_``; their messages quote the
+documented rule and have no docs link.
+"""
+
+from __future__ import annotations
+
+DOCS = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/nki/api/nki.errors.html"
+
+
+class NKISyntaxError(SyntaxError):
+    """The NKI front end's syntax error class (ref §2.1, "NKISyntaxError")."""
+
+    def __init__(self, msg: str):
+        super().__init__(msg)
+        self.msg = msg
+
+    def __str__(self) -> str:
+        return self.msg
+
+
+# code -> (exception class, message template). Templates use str.format fields.
+ERRORS: dict[str, tuple[type[Exception], str]] = {
+    # --- documented codes (ref §2.1) ---
+    "err_1d_arange_not_supported": (
+        NKISyntaxError, "indexing tensor `{name}` with 1d arange is not supported"),
+    "err_activation_bias_invalid_type": (
+        TypeError, "Bias parameter of activation or activation_reduce must be a vector of type "
+        "float32, float16, or bfloat16"),
+    "err_activation_scale_invalid_type": (
+        TypeError, "Scale parameter of activation or activation_reduce must be a scalar or "
+        "vector of type float32"),
+    "err_activation_scale_scalar_or_vector": (
+        NKISyntaxError, "Scale parameter of activation must be either a scalar value or a 1D "
+        "vector spanning the partition dimension"),
+    "err_ambiguous_tensor_truth_value": (
+        ValueError, "Cannot evaluate truth value of a multi-element tensor/array"),
+    "err_annotation_shape_mismatch": (
+        TypeError, "shape of `{name}{shape}` does not match the expected shape of {expected}"),
+    "err_bias_tensor_must_be_specified_in_allocation": (
+        NKISyntaxError, "Bias tensor of an activation op must be specified in allocated NKI "
+        "kernels"),
+    "err_cannot_assign_to_index": (TypeError, "'index' tensor does not support item assignment"),
+    "err_cannot_update_immutable_parameter": (
+        TypeError, "Cannot update immutable parameter `{name}`"),
+    "err_control_flow_condition_depending_on_arange": (
+        NKISyntaxError, "Control-flow depending on `nl.arange` or `nl.mgrid` is not supported"),
+    "err_dynamic_control_flow_not_supported": (
+        NKISyntaxError, "dynamic control-flow depending on tensor value is not supported"),
+    "err_exceed_max_supported_dimension": (
+        ValueError, "parameter '{param}{shape}' of '{api}' exceed max supported number of "
+        "dimensions of {limit}"),
+    "err_failed_to_infer_tile_from_local_tensor": (
+        TypeError, "Failed to infer tile from tensor '{name}', the first dimension of a tile "
+        "must be the partition dimension"),
+    "err_hbm_tensor_with_init_value_not_supported": (
+        NKISyntaxError, "Creating HBM tensor with init value is not supported"),
+    "err_indirect_indices_free_dim": (
+        NKISyntaxError, "Dynamic indexing for load/store only supports the indirect indexing "
+        "to be on the partition or block dimension"),
+    "err_leading_dimension_of_tensor_must_be_partition": (
+        NKISyntaxError, "The leading dimension of SBUF/PSUM tensors must be the partition "
+        "dimension"),
+    "err_local_variable_used_out_of_scope": (
+        NKISyntaxError, "Local variable '{name}' is referenced outside of its parent scope "
+        "(loop at line {line})"),
+    "err_mutable_parameter_not_returned": (
+        NKISyntaxError, "Mutable kernel parameter `{name}` not returned by `return` statement"),
+    "err_nested_kernel_with_spmd_grid": (
+        NKISyntaxError, "Calling kernel with spmd grid ({name}{grid}) inside another kernel is "
+        "not supported"),
+    "err_nki_api_outside_of_nki_kernel": (
+        RuntimeError, "Calling NKI API outside of NKI kernels is not supported"),
+    "err_num_partition_exceed_arch_limit": (
+        ValueError, "number of partitions {n} exceed architecture limitation of {limit}"),
+    "err_num_partition_mismatch": (
+        ValueError, "number of partitions (dimension 0 size of a tile) mismatch in parameters "
+        "({params}) of '{api}'"),
+    "err_shared_hbm_must_in_kernel_level": (
+        RuntimeError, "shared_hbm buffer can only be created top level kernel scope"),
+    "err_size_of_dimension_exceed_arch_limit": (
+        ValueError, "size of dimension {dim} in '{param}{shape}' of '{api}' exceed architecture "
+        "limitation of {limit}"),
+    "err_store_dst_shape_smaller_than_other_shape": (
+        ValueError, "Illegal assignment destination shape in 'a = b': shape {dst} of parameter "
+        "'a' is smaller than other parameter shapes b{src}"),
+    "err_tensor_access_out_of_bound": (
+        IndexError, "Out-of-bound access for tensor `{name}` on dimension {dim}: index range "
+        "[{lo}, {hi}] exceed dimension size of {size}"),
+    "err_tensor_creation_on_scratchpad_with_init_value_not_supported": (
+        NKISyntaxError, "Creating SBUF/PSUM tensor with init value is not supported in "
+        "allocated NKI kernels"),
+    "err_tensor_output_not_written_to": (
+        ValueError, "Output tensor `{name}` was never written to: {region} of shape {shape} "
+        "holds no value written by the kernel (unwritten outputs hold garbage on device)"),
+    "err_transpose_on_tensor_engine_not_allowed_in_allocated_kernel": (
+        NKISyntaxError, "Transpose on tensor engine is not allowed in allocated NKI kernels"),
+    "err_unexpected_output_dependencies": (
+        NKISyntaxError, "Unexpected output dependencies, different iterations of {loop} loop "
+        "write to `{name}{region}`"),
+    "err_unsupported_expression_in_mask": (
+        ValueError, "NKI mask expressions must be affine expressions of static loop indices"),
+    "err_unsupported_memory": (
+        TypeError, "Expected operand '{param}' of '{api}' to be in address space '{expected}', "
+        "but got a tile in '{got}' instead"),
+    "err_unsupported_mixing_basic_advanced_tensor_indexing": (
+        NKISyntaxError, "Mixing basic tensor indexing and advanced tensor indexing is not "
+        "supported"),
+    "err_while_loop_requires_unconditional_entry": (
+        ValueError, "Traditional while loops are not supported - use do-while pattern instead"),
+    # --- limits with no documented code (nkisim_*; the rule quoted from the reference) ---
+    "nkisim_insufficient_rank": (
+        ValueError, "Insufficient rank: {buffer} tensor '{name}' of shape {shape} must have at "
+        "least 2 dimensions (partition, free); use ({n}, 1) instead (ref: NKI known issues)"),
+    "nkisim_psum_bank_overflow": (
+        ValueError, "PSUM tile '{name}{shape}' ({dtype}) needs {nbytes} bytes per partition, "
+        "more than one {bank} byte PSUM bank; a PSUM tile cannot span multiple PSUM banks "
+        "(at most {fmax} fp32 elements per partition)"),
+    "nkisim_matmul_stationary_limit": (
+        ValueError, "stationary operand '{name}{shape}' of '{api}' exceeds the Tensor Engine "
+        "limit: partitions <= 128 and free size <= {limit} (gemm_stationary_fmax)"),
+    "nkisim_matmul_moving_limit": (
+        ValueError, "moving operand '{name}{shape}' of '{api}' has free size {free}, more than "
+        "{limit} (gemm_moving_fmax): each nc_matmul writes one 2 KiB PSUM bank"),
+    "nkisim_matmul_contraction_mismatch": (
+        ValueError, "contraction (partition) sizes of stationary {stat} and moving {mov} of "
+        "'{api}' differ"),
+    "nkisim_operand_dtype": (
+        TypeError, "operand '{param}' of '{api}' has dtype {dtype}; expected one of the "
+        "following dtypes: {allowed}"),
+    "nkisim_both_inputs_psum": (
+        TypeError, "'{api}' cannot read both inputs from PSUM; legal input buffers are "
+        "SBUF+SBUF, SBUF+PSUM and PSUM+SBUF"),
+    "nkisim_shape_mismatch": (
+        ValueError, "Parameter shapes ({params}) of '{api}' has mismatched shapes: {why}"),
+    "nkisim_sbuf_overflow": (
+        RuntimeError, "SBUF overflow: live tensors need {need} bytes per partition, more than "
+        "the {limit} usable bytes per partition of {target} (the device compiler would fail "
+        "with \"couldn't be allocated in SB\"). Largest live tensors: {largest}"),
+    "nkisim_psum_overflow": (
+        RuntimeError, "PSUM overflow: live tensors need {need} PSUM banks, more than the {limit} "
+        "banks of 2 KiB per partition. Live PSUM tensors: {largest}"),
+    "nkisim_uninitialized_read": (
+        ValueError, "read of uninitialized memory: '{api}' at {where} reads `{name}{region}` "
+        "({count} of {total} elements never written)"),
+    "nkisim_loop_carried_dependency": (
+        ValueError, "loop-carried dependency in affine_range loop at {loop}: iteration {it} "
+        "reads `{name}{region}` written by iteration {other} ('{api}' at {where}); use "
+        "nl.sequential_range or give each iteration its own tile"),
+    "nkisim_unsupported": (NotImplementedError, "{what} is not supported by nkisim: {why}"),
+    "nkisim_invalid_argument": (ValueError, "{api}: {why}"),
+}
+
+
+def _docs_suffix(code: str) -> str:
+    if code.startswith("nkisim_"):
+        return ""
+    return f" Info on how to fix: {DOCS}#{code.replace('_', '-')}"
+
+
+def nki_error(code: str, **fields) -> Exception:
+    """Build the exception for ``code`` with its documented class and message."""
+    cls, template = ERRORS[code]
+    msg = template.format(**fields) + "." + _docs_suffix(code)
+    exc = cls(msg)
+    exc.nki_code = code
+    return exc
+
+
+def shape_str(shape) -> str:
+    """Format a shape as NKI messages do: ``[128, 512]``."""
+    return "[" + ", ".join(str(int(s)) for s in shape) + "]"
+
+
+class NKIWarning(UserWarning):
+    """Suspicious-but-legal patterns nkisim reports (PSUM accumulator dtype, += on SBUF, ...)."""

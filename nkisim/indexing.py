@@ -1,0 +1,253 @@
+"""Index expressions: ``nl.arange``/``nl.mgrid`` affine expressions, masks, ``nl.ds``, ``par_dim``.
+
+Semantics (ref §1.5): basic indexing (ints, loop variables, ``start:stop[:step]`` slices,
+``nl.ds(start, size)``, ``...``) gives a view; advanced indexing broadcasts affine index
+expressions NumPy-style and the result has the broadcast shape. Mixing slices with index
+expressions is ``err_unsupported_mixing_basic_advanced_tensor_indexing``; a bare 1-D ``arange``
+is ``err_1d_arange_not_supported``; any static index range outside the dimension is
+``err_tensor_access_out_of_bound`` (NumPy would silently clip a slice; NKI refuses). Negative
+indices are out of bound too: a hardware address cannot be negative.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import nki_error
+
+
+class IndexExpr:
+    """An affine index expression: an int array with NumPy broadcasting semantics."""
+
+    __slots__ = ("v",)
+    __array_priority__ = 100
+
+    def __init__(self, v):
+        self.v = np.asarray(v, dtype=np.int64)
+
+    @property
+    def shape(self):
+        return self.v.shape
+
+    @property
+    def ndim(self):
+        return self.v.ndim
+
+    def __getitem__(self, key):
+        return IndexExpr(self.v[key])
+
+    def _bin(self, other, fn):
+        o = other.v if isinstance(other, IndexExpr) else other
+        if isinstance(other, MaskExpr) or isinstance(o, float):
+            raise nki_error("err_unsupported_expression_in_mask")
+        return IndexExpr(fn(self.v, o))
+
+    def __add__(self, o): return self._bin(o, np.add)
+    def __radd__(self, o): return self._bin(o, lambda a, b: b + a)
+    def __sub__(self, o): return self._bin(o, np.subtract)
+    def __rsub__(self, o): return self._bin(o, lambda a, b: b - a)
+    def __mul__(self, o): return self._bin(o, np.multiply)
+    def __rmul__(self, o): return self._bin(o, lambda a, b: b * a)
+    def __floordiv__(self, o): return self._bin(o, np.floor_divide)
+    def __mod__(self, o): return self._bin(o, np.mod)
+    def __neg__(self): return IndexExpr(-self.v)
+
+    def _cmp(self, other, fn):
+        o = other.v if isinstance(other, IndexExpr) else other
+        return MaskExpr(fn(self.v, o))
+
+    def __lt__(self, o): return self._cmp(o, np.less)
+    def __le__(self, o): return self._cmp(o, np.less_equal)
+    def __gt__(self, o): return self._cmp(o, np.greater)
+    def __ge__(self, o): return self._cmp(o, np.greater_equal)
+    def __eq__(self, o): return self._cmp(o, np.equal)  # noqa: D105 - mask, like NKI
+    def __ne__(self, o): return self._cmp(o, np.not_equal)
+    __hash__ = object.__hash__
+
+    def __bool__(self):
+        raise nki_error("err_control_flow_condition_depending_on_arange")
+
+    def __index__(self):
+        raise nki_error("err_control_flow_condition_depending_on_arange")
+
+    def __repr__(self):
+        return f"IndexExpr(shape={self.v.shape})"
+
+
+class MaskExpr:
+    """A predicate over index expressions, combined with ``&`` (ref §1.12)."""
+
+    __slots__ = ("v",)
+
+    def __init__(self, v):
+        self.v = np.asarray(v, dtype=bool)
+
+    def __and__(self, o):
+        if not isinstance(o, MaskExpr):
+            raise nki_error("err_unsupported_expression_in_mask")
+        return MaskExpr(self.v & o.v)
+
+    __rand__ = __and__
+
+    def __or__(self, o):
+        if not isinstance(o, MaskExpr):
+            raise nki_error("err_unsupported_expression_in_mask")
+        return MaskExpr(self.v | o.v)
+
+    def __invert__(self):
+        return MaskExpr(~self.v)
+
+    def __bool__(self):
+        raise nki_error("err_control_flow_condition_depending_on_arange")
+
+
+def arange(*args):
+    """``nl.arange(stop)`` / ``nl.arange(start, stop)``: a 1-D index expression (no step)."""
+    if len(args) not in (1, 2) or not all(isinstance(a, (int, np.integer)) for a in args):
+        raise nki_error("nkisim_invalid_argument", api="nl.arange",
+                        why="expects integer (stop) or (start, stop); steps are not supported")
+    return IndexExpr(np.arange(*[int(a) for a in args]))
+
+
+class _MGridResult(tuple):
+    """The grids of ``nl.mgrid[...]``; unpackable, with ``.p``/``.x``/``.y`` attributes."""
+
+    @property
+    def p(self):
+        return self[0]
+
+    @property
+    def x(self):
+        return self[1]
+
+    @property
+    def y(self):
+        return self[2]
+
+
+class _MGrid:
+    """``nl.mgrid[0:a, 0:b, ...]``: dense grids, same as NumPy mgrid (ref §1.5)."""
+
+    def __getitem__(self, key):
+        key = key if isinstance(key, tuple) else (key,)
+        for k in key:
+            if not isinstance(k, slice) or isinstance(k.step, complex):
+                raise nki_error("nkisim_invalid_argument", api="nl.mgrid",
+                                why="expects integer slices start:stop[:step]")
+        grids = np.mgrid[key]
+        if len(key) == 1:
+            grids = [grids]
+        return _MGridResult(IndexExpr(g) for g in grids)
+
+
+mgrid = _MGrid()
+
+
+class DynSlice:
+    """``nl.ds(start, size)`` == ``start:start+size``."""
+
+    __slots__ = ("start", "size", "step")
+
+    def __init__(self, start, size, step=1):
+        self.start, self.size, self.step = int(start), int(size), int(step)
+
+    def as_slice(self) -> slice:
+        return slice(self.start, self.start + self.size * self.step, self.step)
+
+
+def ds(start, size, step=1):
+    return DynSlice(start, size, step)
+
+
+class par_dim:
+    """Marks the partition dimension in a shape: ``(N, nl.par_dim(128), F)``."""
+
+    __slots__ = ("size",)
+
+    def __init__(self, size):
+        self.size = int(size)
+
+    def __int__(self):
+        return self.size
+
+    def __index__(self):
+        return self.size
+
+    def __repr__(self):
+        return f"par_dim({self.size})"
+
+
+def split_shape(shape) -> tuple[tuple, int]:
+    """Plain int shape and the partition axis (the ``par_dim`` position, default 0)."""
+    if isinstance(shape, (int, np.integer, par_dim)):
+        shape = (shape,)
+    paxis = 0
+    out = []
+    for i, s in enumerate(shape):
+        if isinstance(s, par_dim):
+            paxis = i
+        out.append(int(s))
+    return tuple(out), paxis
+
+
+def normalize_key(key, shape, name):
+    """Validate an index against ``shape``.
+
+    Returns ``(kind, key)``: ``("basic", tuple of int/slice)`` or
+    ``("advanced", tuple of int/int-array)``. ``None`` is not allowed (NKI has no newaxis on
+    tensors).
+    """
+    if not isinstance(key, tuple):
+        key = (key,)
+    # expand Ellipsis
+    if any(k is Ellipsis for k in key):
+        i = next(i for i, k in enumerate(key) if k is Ellipsis)
+        rest = len(key) - 1
+        key = key[:i] + (slice(None),) * (len(shape) - rest) + key[i + 1:]
+    if len(key) > len(shape):
+        raise nki_error("nkisim_invalid_argument", api=f"indexing `{name}`",
+                        why=f"{len(key)} indices for a tensor of shape {list(shape)}")
+    advanced = any(isinstance(k, IndexExpr) for k in key)
+    out = []
+    for dim, k in enumerate(key):
+        size = shape[dim]
+        if isinstance(k, DynSlice):
+            k = k.as_slice()
+        if isinstance(k, slice):
+            if advanced:
+                raise nki_error("err_unsupported_mixing_basic_advanced_tensor_indexing")
+            start, stop, step = k.start, k.stop, k.step
+            start = 0 if start is None else int(start)
+            stop = size if stop is None else int(stop)
+            step = 1 if step is None else int(step)
+            if step <= 0:
+                raise nki_error("nkisim_invalid_argument", api=f"indexing `{name}`",
+                                why="slice steps must be positive")
+            if start < 0 or stop > size or start > stop:
+                hi = stop - 1 if stop > start else start
+                raise nki_error("err_tensor_access_out_of_bound", name=name, dim=dim,
+                                lo=start, hi=hi, size=size)
+            out.append(slice(start, stop, step))
+        elif isinstance(k, IndexExpr):
+            if k.ndim == 1:
+                raise nki_error("err_1d_arange_not_supported", name=name)
+            v = k.v
+            if v.size:
+                lo, hi = int(v.min()), int(v.max())
+                if lo < 0 or hi >= size:
+                    raise nki_error("err_tensor_access_out_of_bound", name=name, dim=dim,
+                                    lo=lo, hi=hi, size=size)
+            out.append(v)
+        elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+            k = int(k)
+            if k < 0 or k >= size:
+                raise nki_error("err_tensor_access_out_of_bound", name=name, dim=dim,
+                                lo=k, hi=k, size=size)
+            out.append(k)
+        elif k is None:
+            raise nki_error("nkisim_unsupported", what="`None` (newaxis) in a tensor index",
+                            why="use nl.arange(...)[:, None] index expressions")
+        else:
+            raise nki_error("nkisim_invalid_argument", api=f"indexing `{name}`",
+                            why=f"unsupported index {k!r} of type {type(k).__name__}")
+    return ("advanced" if advanced else "basic"), tuple(out)

@@ -1,0 +1,905 @@
+"""``neuronxcc.nki.language`` (nl) on nkisim (ref §1.2–§1.9).
+
+Every function validates its operands against the target's limits, computes in fp32 on NumPy
+(ref §1.3: engines compute in fp32 and cast on output), writes a new tile (SBUF unless stated)
+and records one instruction. Engine choice follows the lowering notes of ref §1.8: element-wise
+binary ops and reductions on VectorE, unary math on ScalarE (``activation``), matmul/transpose
+and partition broadcasts on TensorE, loads/stores on the DMA queues.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+import sys
+from types import SimpleNamespace
+
+import ml_dtypes
+import numpy as np
+
+from . import context, dtypes
+from .dtypes import (  # noqa: F401 - re-exported as nl.float32 etc.
+    bfloat16,
+    bool_,
+    float8_e4m3,
+    float8_e5m2,
+    float16,
+    float32,
+    int8,
+    int16,
+    int32,
+    tfloat32,
+    uint8,
+    uint16,
+    uint32,
+)
+from .errors import nki_error, shape_str
+from .indexing import DynSlice, IndexExpr, MaskExpr, arange, ds, mgrid, par_dim  # noqa: F401
+from .tensor import (  # noqa: F401 - re-exported buffers
+    Tensor,
+    _free,
+    _partitions,
+    allocate,
+    fit,
+    hbm,
+    private_hbm,
+    psum,
+    read,
+    region,
+    sbuf,
+    shared_hbm,
+    values,
+    write,
+)
+from .trace import DMA, SCALAR, TENSOR, VECTOR
+
+# ---------------------------------------------------------------------------------------------
+# constants
+
+
+class _TileSize:
+    """``nl.tile_size``: per-target tile limits (ref §1.4)."""
+
+    pmax = 128
+    psum_fmax = 512
+    gemm_stationary_fmax = 128
+    gemm_moving_fmax = 512
+    bn_stats_fmax = 512
+    # Not documented (ref §1.4, §6.1); 4 bytes is what fp32 access needs.
+    psum_min_align = 4
+    sbuf_min_align = 4
+
+    @property
+    def total_available_sbuf_size(self):
+        run = context.maybe_current()
+        from .arch import get_arch
+        return (run.arch if run else get_arch()).sbuf_usable_bytes
+
+
+tile_size = _TileSize()
+
+
+class _FloatConst:
+    def __init__(self, minv, maxv):
+        self.min, self.max = minv, maxv
+
+
+fp32 = _FloatConst(float(np.finfo(np.float32).min), float(np.finfo(np.float32).max))
+bfp16 = _FloatConst(float(ml_dtypes.finfo(dtypes.bfloat16).min),
+                    float(ml_dtypes.finfo(dtypes.bfloat16).max))
+
+
+def static_cast(data, dtype):
+    """Cast a host scalar/array (used to build bf16/fp8 NumPy inputs)."""
+    return dtypes.cast(np.asarray(data, dtype=np.float32) if np.asarray(data).dtype.kind == "f"
+                       else np.asarray(data), dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# operand helpers
+
+def _tile(x, api, param, run=None) -> Tensor:
+    """Check that ``x`` is an SBUF/PSUM tile whose first dimension is the partition dimension."""
+    if not isinstance(x, Tensor):
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"operand '{param}' must be an NKI tile, got {type(x).__name__}")
+    if x.root.buffer == "hbm":
+        raise nki_error("err_unsupported_memory", param=param, api=api, expected="psum|sbuf",
+                        got="hbm")
+    if x._slots is not None or x.paxis != 0:
+        raise nki_error("err_failed_to_infer_tile_from_local_tensor", name=x.name)
+    return x
+
+
+def _tile_vals(x: Tensor, api, run) -> np.ndarray:
+    """fp32 values of a tile; a 1-D partition vector (P,) is seen as (P, 1)."""
+    v = read(x, api, run)
+    if v.ndim == 1:
+        v = v.reshape(v.shape[0], 1)
+    return dtypes.to_f32(v)
+
+
+def _tile_shape(x: Tensor) -> tuple:
+    return x.shape if len(x.shape) >= 2 else (x.shape[0], 1)
+
+
+def _detail(*tiles, inputs=None):
+    d = {"inputs": len(tiles) if inputs is None else inputs,
+         "psum_in": builtins.any(t.root.buffer == "psum" for t in tiles),
+         "all_16bit": builtins.all(t.dtype in dtypes.SIXTEEN_BIT for t in tiles),
+         "contiguous": builtins.all(_contiguous(t) for t in tiles)}
+    return d
+
+
+def _contiguous(t: Tensor) -> bool:
+    a = t._arr
+    return t._idx is None and a is not None and (a.ndim == 0 or a.strides[-1] == a.itemsize)
+
+
+def _mask(mask, shape):
+    if mask is None:
+        return None
+    if not isinstance(mask, MaskExpr):
+        raise nki_error("err_unsupported_expression_in_mask")
+    try:
+        return np.broadcast_to(mask.v, shape)
+    except ValueError:
+        raise nki_error("nkisim_invalid_argument", api="mask",
+                        why=f"mask of shape {list(mask.v.shape)} does not broadcast to the "
+                            f"instruction's shape {list(shape)}") from None
+
+
+def result_tile(run, shape, dtype, vals, op, engine, reads, detail, buffer=sbuf, mask=None,
+                name=None):
+    """Create the instruction's output tile, write ``vals``, record the instruction."""
+    t = allocate(shape, dtype, buffer=buffer, name=name or "", api=op)
+    write(t, vals, op, run=run, mask=mask)
+    instr = run.record(op, engine, tuple(region(r) for r in reads), (region(t),),
+                       dtypes.name(t.dtype), _partitions(t), _free(t), detail)
+    t._producer = instr
+    return t
+
+
+# ---------------------------------------------------------------------------------------------
+# creation (ref §1.6)
+
+def ndarray(shape, dtype, *, buffer=None, name="", **kwargs):
+    return allocate(shape, dtype, buffer=buffer, name=name, api="nl.ndarray")
+
+
+def _filled(shape, dtype, value, buffer, name, api):
+    run = context.current()
+    t = allocate(shape, dtype, buffer=buffer, name=name, fill=value, api=api)
+    if t.root.buffer == "sbuf":
+        # SBUF init is a memset instruction; a PSUM zeros before `+=` matmuls is folded into the
+        # first matmul of the accumulation group by the compiler (ref §1.11), so no instruction.
+        run.record("memset", VECTOR, (), (region(t),), dtypes.name(t.dtype), _partitions(t),
+                   _free(t), {"inputs": 0, "value": float(value),
+                              "all_16bit": t.dtype in dtypes.SIXTEEN_BIT})
+    return t
+
+
+def zeros(shape, dtype, *, buffer=None, name="", **kwargs):
+    return _filled(shape, dtype, 0, buffer, name, "nl.zeros")
+
+
+def ones(shape, dtype, *, buffer=None, name="", **kwargs):
+    return _filled(shape, dtype, 1, buffer, name, "nl.ones")
+
+
+def full(shape, fill_value, dtype, *, buffer=None, name="", **kwargs):
+    return _filled(shape, dtype, fill_value, buffer, name, "nl.full")
+
+
+def empty_like(a, dtype=None, *, buffer=None, name="", **kwargs):
+    return ndarray(a.shape, dtype or a.dtype, buffer=buffer or _buffer_like(a), name=name)
+
+
+def zeros_like(a, dtype=None, *, buffer=None, name="", **kwargs):
+    return zeros(a.shape, dtype or a.dtype, buffer=buffer or _buffer_like(a), name=name)
+
+
+def ones_like(a, dtype=None, *, buffer=None, name="", **kwargs):
+    return ones(a.shape, dtype or a.dtype, buffer=buffer or _buffer_like(a), name=name)
+
+
+def full_like(a, fill_value, dtype=None, *, buffer=None, name="", **kwargs):
+    return full(a.shape, fill_value, dtype or a.dtype, buffer=buffer or _buffer_like(a),
+                name=name)
+
+
+def _buffer_like(a):
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# iterators (ref §1.9)
+
+class LoopIndex(int):
+    """A loop variable: an int that notices Python control flow depending on it."""
+
+    __slots__ = ()
+
+    def _flow(self):
+        run = context.maybe_current()
+        if run is not None and run.loops:
+            run.warn(("flow", context.caller_location()),
+                     "Python control flow on an nl.*_range loop variable: the real NKI front end "
+                     "traces the loop body once with a symbolic index, so `if` on it does not "
+                     "do what it does here; use masks or nl.static_range")
+
+    def __eq__(self, o):
+        self._flow()
+        return int(self) == o
+
+    def __ne__(self, o):
+        self._flow()
+        return int(self) != o
+
+    def __lt__(self, o):
+        self._flow()
+        return int(self) < o
+
+    def __le__(self, o):
+        self._flow()
+        return int(self) <= o
+
+    def __gt__(self, o):
+        self._flow()
+        return int(self) > o
+
+    def __ge__(self, o):
+        self._flow()
+        return int(self) >= o
+
+    def __bool__(self):
+        self._flow()
+        return int(self) != 0
+
+    __hash__ = int.__hash__
+
+
+def _loop(kind, args, make_index):
+    run = context.current()
+    from .context import Loop
+    if len(args) == 0 or len(args) > 3:
+        raise nki_error("nkisim_invalid_argument", api=f"nl.{kind}_range",
+                        why="expects (stop), (start, stop) or (start, stop, step)")
+    r = range(*[int(a) for a in args])
+    file, line = context.caller_location()
+    loop = Loop(id=run.next_loop_id, kind=kind, file=file, line=line)
+    run.next_loop_id += 1
+    loop.parent_epoch = run.epoch
+    run.loops.append(loop)
+    memory = run.memory
+    try:
+        for i in r:
+            if loop.iteration >= 0:
+                memory.end_iteration(loop)
+            loop.iteration = i
+            e = run.new_epoch(loop, i)
+            if loop.first_epoch == 0:
+                loop.first_epoch = e
+            loop.epoch = e
+            run.epoch = e
+            yield make_index(i)
+    finally:
+        memory.end_iteration(loop)
+        if run.loops and run.loops[-1] is loop:
+            run.loops.pop()
+        elif loop in run.loops:
+            run.loops.remove(loop)
+        run.epoch = loop.parent_epoch
+
+
+def affine_range(*args, **kwargs):
+    """Parallel loop: no loop-carried dependencies allowed (checked by nkisim.checks)."""
+    return _loop("affine", args, LoopIndex)
+
+
+def sequential_range(*args, **kwargs):
+    return _loop("sequential", args, LoopIndex)
+
+
+def static_range(*args, **kwargs):
+    """Fully unrolled at trace time: the loop variable is a plain Python int."""
+    return _loop("static", args, int)
+
+
+# ---------------------------------------------------------------------------------------------
+# SPMD (ref §1.1)
+
+def program_id(axis=0):
+    run = context.current()
+    if not run.grid:
+        return 0
+    if not 0 <= int(axis) < len(run.grid):
+        raise nki_error("nkisim_invalid_argument", api="nl.program_id",
+                        why=f"axis {axis} out of range for a grid of {len(run.grid)} dims")
+    return run.program_ids[int(axis)]
+
+
+def num_programs(axes=None):
+    run = context.current()
+    grid = run.grid or (1,)
+    if axes is None:
+        return grid if len(grid) > 1 else grid[0]
+    if isinstance(axes, (tuple, list)):
+        return tuple(grid[a] for a in axes)
+    return grid[int(axes)]
+
+
+def program_ndim():
+    return len(context.current().grid)
+
+
+def spmd_dim(*args, **kwargs):
+    raise nki_error("nkisim_unsupported", what="nl.spmd_dim", why="nkisim runs one NeuronCore")
+
+
+def nc(n):
+    return n
+
+
+# ---------------------------------------------------------------------------------------------
+# memory ops (ref §1.7)
+
+def _dma_detail(dst: Tensor, src: Tensor, nbytes: int) -> dict:
+    row = builtins.max(1, builtins.min(_contig_bytes(dst), _contig_bytes(src)))
+    return {"bytes": nbytes, "src": src.root.buffer, "dst": dst.root.buffer,
+            "row_bytes": row, "rows": builtins.max(1, -(-nbytes // row))}
+
+
+def _contig_bytes(t: Tensor) -> int:
+    a = t._arr
+    if a is None or t._idx is not None:
+        return t.dtype.itemsize
+    run = a.itemsize
+    limit = t.root.row_bytes if t.root.buffer != "hbm" else None
+    for n, s in zip(reversed(a.shape), reversed(a.strides)):
+        if n == 1:
+            continue
+        if s != run or (limit and run * n > limit):
+            if s == run and limit:
+                run = limit
+            break
+        run *= n
+    return run
+
+
+def _dma(dst: Tensor, src: Tensor, src_vals, api: str, run, mask=None, accumulate_op=None):
+    """Record and perform a DMA transfer (values already read and shaped)."""
+    if accumulate_op is not None:
+        cur = dtypes.to_f32(read(dst, api, run))
+        src_vals = accumulate_op(cur, dtypes.to_f32(src_vals))
+    write(dst, src_vals, api, run=run, mask=mask)
+    nbytes = dst.size * dst.dtype.itemsize
+    run.record("dma_copy", DMA, (region(src),), (region(dst),), dtypes.name(dst.dtype),
+               _partitions(dst) if dst.root.buffer != "hbm" else _partitions(src),
+               _free(dst) if dst.root.buffer != "hbm" else _free(src),
+               _dma_detail(dst, src, nbytes))
+
+
+def load(src, *, mask=None, dtype=None, **kwargs):
+    """HBM -> a new SBUF tile (``dtype`` casts)."""
+    run = context.current()
+    if not isinstance(src, Tensor):
+        raise nki_error("nkisim_invalid_argument", api="load",
+                        why=f"src must be an HBM tensor, got {type(src).__name__}")
+    if src.root.buffer != "hbm":
+        raise nki_error("err_unsupported_memory", param="src", api="load", expected="hbm",
+                        got=src.root.buffer)
+    shape = src.shape if len(src.shape) >= 2 else (src.shape[0] if src.shape else 1, 1)
+    if shape[0] > run.arch.pmax:
+        raise nki_error("err_num_partition_exceed_arch_limit", n=shape[0], limit=run.arch.pmax)
+    t = allocate(shape, dtype or src.dtype, api="load")
+    vals = read(src, "load", run).reshape(shape)
+    _dma(t, src, vals, "load", run, mask=_mask(mask, shape))
+    t._producer = run.trace.instrs[-1]
+    return t
+
+
+def store(dst, value, *, mask=None, **kwargs):
+    """SBUF (or PSUM, with an extra copy) tile -> HBM."""
+    run = context.current()
+    if not isinstance(dst, Tensor) or dst.root.buffer != "hbm":
+        raise nki_error("err_unsupported_memory", param="dst", api="store", expected="hbm",
+                        got=getattr(getattr(dst, "root", None), "buffer", type(dst).__name__))
+    if isinstance(value, (int, float)):
+        vals = np.full(dst.shape, value, np.float32)
+        src = None
+    else:
+        src = _tile(value, "store", "value")
+        vals = read(src, "store", run)
+        if src.root.buffer == "psum":
+            # "an extra copy will be performed to move the tile to SBUF first" (ref §1.7)
+            run.record("tensor_copy", VECTOR, (region(src),), (), dtypes.name(src.dtype),
+                       _partitions(src), _free(src), _detail(src))
+    if src is not None and vals.size != dst.size:
+        vals = fit(vals, dst.shape, src.shape)
+    vals = vals.reshape(dst.shape) if vals.size == dst.size else vals
+    if src is None:
+        write(dst, vals, "store", run=run, mask=_mask(mask, dst.shape))
+        return
+    _dma(dst, src, vals, "store", run, mask=_mask(mask, dst.shape))
+
+
+def load_transpose2d(src, *, mask=None, dtype=None, **kwargs):
+    """HBM [F, P] -> SBUF [P, F] transposed by the DMA (slow: ref §1.7, §3.5)."""
+    run = context.current()
+    if not isinstance(src, Tensor) or src.root.buffer != "hbm":
+        raise nki_error("err_unsupported_memory", param="src", api="load_transpose2d",
+                        expected="hbm", got=getattr(getattr(src, "root", None), "buffer", "?"))
+    if len(src.shape) != 2:
+        raise nki_error("err_exceed_max_supported_dimension", param="src",
+                        shape=shape_str(src.shape), api="load_transpose2d", limit=2)
+    F, P = src.shape
+    if P > run.arch.pmax:
+        raise nki_error("err_num_partition_exceed_arch_limit", n=P, limit=run.arch.pmax)
+    t = allocate((P, F), dtype or src.dtype, api="load_transpose2d")
+    vals = read(src, "load_transpose2d", run).T
+    write(t, vals, "load_transpose2d", run=run, mask=_mask(mask, (P, F)))
+    d = _dma_detail(t, src, t.size * t.dtype.itemsize)
+    d["transpose"] = True
+    d["row_bytes"] = t.dtype.itemsize     # element-wise descriptors: DMA transpose is slow
+    d["rows"] = t.size
+    run.record("dma_copy", DMA, (region(src),), (region(t),), dtypes.name(t.dtype), P, F, d)
+    t._producer = run.trace.instrs[-1]
+    return t
+
+
+def copy(src, *, mask=None, dtype=None, **kwargs):
+    """SBUF/PSUM -> a new SBUF tile (e.g. PSUM evacuation with a cast)."""
+    run = context.current()
+    x = _tile(src, "copy", "src")
+    vals = read(x, "copy", run)
+    return result_tile(run, x.shape, dtype or x.dtype, vals, "tensor_copy", VECTOR, (x,),
+                       _detail(x), mask=_mask(mask, x.shape))
+
+
+def broadcast_to(src, *, shape, **kwargs):
+    run = context.current()
+    x = _tile(src, "broadcast_to", "src")
+    shape = tuple(int(s) for s in shape)
+    vals = read(x, "broadcast_to", run)
+    xs = _tile_shape(x)
+    try:
+        out = np.broadcast_to(vals.reshape(xs), shape)
+    except ValueError:
+        raise nki_error("nkisim_shape_mismatch", params=f"src{shape_str(x.shape)}",
+                        api="broadcast_to",
+                        why=f"cannot broadcast to {shape_str(shape)}") from None
+    if shape[0] > run.arch.pmax:
+        raise nki_error("err_num_partition_exceed_arch_limit", n=shape[0], limit=run.arch.pmax)
+    engine = TENSOR if xs[0] != shape[0] else VECTOR   # partition broadcast = matmul with ones
+    detail = _detail(x)
+    if engine == TENSOR:
+        detail.update(K=xs[0], M=shape[0], N=math.prod(shape[1:]), accumulate=False,
+                      transpose=False, fp32=x.dtype.itemsize == 4, flops=0)
+    return result_tile(run, shape, x.dtype, out, "broadcast_to", engine, (x,), detail)
+
+
+def device_print(prefix, x, *, mask=None, **kwargs):
+    """Print a tensor's values (works on nkisim as in the real CPU simulator)."""
+    run = context.current()
+    if isinstance(x, Tensor):
+        vals = read(x, "device_print", run)
+        text = f"{prefix} {np.array2string(np.asarray(vals, dtype=np.float64) if dtypes.is_float(x.dtype) else vals, threshold=64)}"  # noqa: E501
+    else:
+        text = f"{prefix} {x}"
+    run.device_prints.append(text)
+    print(text, file=sys.stdout)
+
+
+# ---------------------------------------------------------------------------------------------
+# element-wise math (ref §1.8)
+
+def _bitvec_op(name):
+    return name in ("bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift",
+                    "invert")
+
+
+_BINARY_FN = {
+    "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.divide,
+    "maximum": np.maximum, "minimum": np.minimum, "power": np.power, "mod": np.mod,
+    "fmod": np.fmod, "bitwise_and": np.bitwise_and, "bitwise_or": np.bitwise_or,
+    "bitwise_xor": np.bitwise_xor, "left_shift": np.left_shift,
+    "right_shift": np.right_shift, "equal": np.equal, "not_equal": np.not_equal,
+    "greater": np.greater, "greater_equal": np.greater_equal, "less": np.less,
+    "less_equal": np.less_equal, "logical_and": np.logical_and, "logical_or": np.logical_or,
+    "logical_xor": np.logical_xor,
+}
+_COMPARE = {"equal", "not_equal", "greater", "greater_equal", "less", "less_equal",
+            "logical_and", "logical_or", "logical_xor"}
+
+
+def apply_binary(name, a, b):
+    """fp32 (or raw-bit integer) element-wise op on engine inputs."""
+    fn = _BINARY_FN[name]
+    with np.errstate(all="ignore"):
+        if _bitvec_op(name):
+            return fn(np.asarray(a).astype(np.int64), np.asarray(b).astype(np.int64))
+        return fn(a, b)
+
+
+def _operand_dtype(x):
+    return x.dtype if isinstance(x, Tensor) else dtypes.scalar_dtype(x)
+
+
+def _binary(name, x, y, dtype, mask):
+    run = context.current()
+    api = name
+    tiles = [t for t in (x, y) if isinstance(t, Tensor)]
+    if not tiles:
+        raise nki_error("nkisim_invalid_argument", api=api, why="needs at least one tile")
+    for i, t in enumerate((x, y)):
+        if isinstance(t, Tensor):
+            _tile(t, api, "xy"[i])
+        elif not isinstance(t, (int, float, np.integer, np.floating, bool)):
+            raise nki_error("nkisim_invalid_argument", api=api,
+                            why=f"operand {'xy'[i]} must be a tile or a scalar, "
+                                f"got {type(t).__name__}")
+    bitvec = _bitvec_op(name)
+
+    def vals(t):
+        if isinstance(t, Tensor):
+            v = read(t, api, run)
+            v = v.reshape(_tile_shape(t))
+            return v if bitvec else dtypes.to_f32(v)
+        return t
+    a, b = vals(x), vals(y)
+    sa = a.shape if isinstance(a, np.ndarray) else ()
+    sb = b.shape if isinstance(b, np.ndarray) else ()
+    try:
+        shape = np.broadcast_shapes(sa, sb)
+    except ValueError:
+        raise nki_error("nkisim_shape_mismatch", params=", ".join(
+            f"{'xy'[i]}{shape_str(s)}" for i, s in enumerate((sa, sb))), api=api,
+            why="could not be broadcast together") from None
+    if bitvec and not builtins.all(dtypes.is_int(_operand_dtype(t)) for t in (x, y)):
+        raise nki_error("nkisim_operand_dtype", param="x", api=api,
+                        dtype=dtypes.name(_operand_dtype(x)), allowed="integer dtypes "
+                        "(bitvec ops treat bits raw)")
+    if dtype is None:
+        dtype = np.dtype(np.bool_) if name in _COMPARE else dtypes.promote(
+            _operand_dtype(x), _operand_dtype(y))
+        if name in _COMPARE:
+            dtype = np.dtype(np.uint8) if False else dtype
+    out = apply_binary(name, a, b)
+    out = np.broadcast_to(out, shape)
+    engine = VECTOR
+    detail = _detail(*tiles, inputs=len(tiles))
+    detail["alu"] = name
+    if len(shape) < 2:
+        shape = (shape[0] if shape else 1, 1)
+        out = out.reshape(shape)
+    return result_tile(run, shape, dtype, out, "tensor_tensor" if len(tiles) == 2 else
+                       "tensor_scalar", engine, tiles, detail, mask=_mask(mask, shape))
+
+
+def _make_binary(name):
+    def op(x, y, *, dtype=None, mask=None, **kwargs):
+        return _binary(name, x, y, dtype, mask)
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = f"Element-wise ``{name}`` of two tiles (or a tile and a scalar), ref §1.8."
+    return op
+
+
+add = _make_binary("add")
+subtract = _make_binary("subtract")
+multiply = _make_binary("multiply")
+divide = _make_binary("divide")
+maximum = _make_binary("maximum")
+minimum = _make_binary("minimum")
+power = _make_binary("power")
+mod = _make_binary("mod")
+fmod = _make_binary("fmod")
+bitwise_and = _make_binary("bitwise_and")
+bitwise_or = _make_binary("bitwise_or")
+bitwise_xor = _make_binary("bitwise_xor")
+left_shift = _make_binary("left_shift")
+right_shift = _make_binary("right_shift")
+equal = _make_binary("equal")
+not_equal = _make_binary("not_equal")
+greater = _make_binary("greater")
+greater_equal = _make_binary("greater_equal")
+less = _make_binary("less")
+less_equal = _make_binary("less_equal")
+logical_and = _make_binary("logical_and")
+logical_or = _make_binary("logical_or")
+logical_xor = _make_binary("logical_xor")
+
+
+def _gelu(x):
+    from scipy.special import erf as _erf
+    return 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0)))
+
+
+def _gelu_tanh(x):
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def _erf(x):
+    from scipy.special import erf as _e
+    return _e(x)
+
+
+def _softplus(x):
+    return np.logaddexp(0.0, x)
+
+
+_UNARY_FN = {
+    "copy": lambda x: x, "identity": lambda x: x,
+    "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "rsqrt": lambda x: 1.0 / np.sqrt(x),
+    "tanh": np.tanh, "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
+    "relu": lambda x: np.maximum(x, 0), "gelu": _gelu, "gelu_apprx_tanh": _gelu_tanh,
+    "silu": lambda x: x / (1.0 + np.exp(-x)), "erf": _erf, "softplus": _softplus,
+    "mish": lambda x: x * np.tanh(_softplus(x)), "square": np.square, "abs": np.abs,
+    "negative": np.negative, "sign": np.sign, "trunc": np.trunc, "floor": np.floor,
+    "ceil": np.ceil, "sin": np.sin, "cos": np.cos, "tan": np.tan, "arctan": np.arctan,
+    "reciprocal": lambda x: 1.0 / x, "logical_not": lambda x: (x == 0),
+    "invert": None,
+}
+
+
+def apply_unary(name, x):
+    with np.errstate(all="ignore"):
+        return _UNARY_FN[name](x)
+
+
+def _unary(name, x, dtype, mask):
+    run = context.current()
+    t = _tile(x, name, "x")
+    if name == "invert":
+        if not dtypes.is_int(t.dtype):
+            raise nki_error("nkisim_operand_dtype", param="x", api=name,
+                            dtype=dtypes.name(t.dtype), allowed="integer dtypes")
+        v = read(t, name, run).reshape(_tile_shape(t))
+        out = np.invert(v.astype(np.int64)) if v.dtype != np.bool_ else ~v
+        engine = VECTOR
+    else:
+        v = _tile_vals(t, name, run)
+        out = apply_unary(name, v)
+        engine = SCALAR
+    shape = _tile_shape(t)
+    out_dt = dtype or (np.dtype(np.bool_) if name == "logical_not" else t.dtype)
+    detail = _detail(t)
+    detail["func"] = name
+    return result_tile(run, shape, out_dt, out, "activation" if engine == SCALAR else
+                       "tensor_scalar", engine, (t,), detail, mask=_mask(mask, shape))
+
+
+def _make_unary(name):
+    def op(x, *, dtype=None, mask=None, **kwargs):
+        return _unary(name, x, dtype, mask)
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = f"Element-wise ``{name}`` on ScalarE (ref §1.8)."
+    return op
+
+
+exp = _make_unary("exp")
+log = _make_unary("log")
+sqrt = _make_unary("sqrt")
+rsqrt = _make_unary("rsqrt")
+tanh = _make_unary("tanh")
+sigmoid = _make_unary("sigmoid")
+relu = _make_unary("relu")
+gelu = _make_unary("gelu")
+gelu_apprx_tanh = _make_unary("gelu_apprx_tanh")
+silu = _make_unary("silu")
+erf = _make_unary("erf")
+softplus = _make_unary("softplus")
+mish = _make_unary("mish")
+square = _make_unary("square")
+abs = _make_unary("abs")  # noqa: A001 - NKI's name
+negative = _make_unary("negative")
+sign = _make_unary("sign")
+trunc = _make_unary("trunc")
+floor = _make_unary("floor")
+ceil = _make_unary("ceil")
+sin = _make_unary("sin")
+cos = _make_unary("cos")
+tan = _make_unary("tan")
+arctan = _make_unary("arctan")
+reciprocal = _make_unary("reciprocal")
+invert = _make_unary("invert")
+logical_not = _make_unary("logical_not")
+
+
+# ---------------------------------------------------------------------------------------------
+# reductions (ref §1.8): any set of free axes (the compiler reorders free dims, ref §6.3)
+
+_REDUCE_FN = {"add": np.sum, "sum": np.sum, "max": np.max, "maximum": np.max, "min": np.min,
+              "minimum": np.min, "multiply": np.prod, "prod": np.prod, "mean": np.mean,
+              "all": np.all, "any": np.any, "bitwise_and": np.bitwise_and.reduce,
+              "bitwise_or": np.bitwise_or.reduce, "bitwise_xor": np.bitwise_xor.reduce,
+              "logical_and": np.all, "logical_or": np.any, "var": np.var}
+
+
+def reduce_axes(t: Tensor, axis, api) -> tuple:
+    nd = len(_tile_shape(t))
+    if isinstance(axis, (int, np.integer)):
+        axes = (int(axis),)
+    elif isinstance(axis, (tuple, list)):
+        axes = tuple(int(a) for a in axis)
+    else:
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"axis must be an int or a tuple/list of ints, got {axis!r}")
+    axes = tuple(a + nd if a < 0 else a for a in axes)
+    for a in axes:
+        if a == 0:
+            raise nki_error("nkisim_invalid_argument", api=api,
+                            why="axis must be free dimensions, not the partition dimension (0); "
+                                "transpose first or matmul with a ones vector (ref §1.10)")
+        if not 0 < a < nd:
+            raise nki_error("nkisim_invalid_argument", api=api,
+                            why=f"axis {a} out of range for a tile of {nd} dimensions")
+    return axes
+
+
+def reduce_values(opname, v, axes, keepdims):
+    fn = _REDUCE_FN[opname]
+    with np.errstate(all="ignore"):
+        if fn in (np.bitwise_and.reduce, np.bitwise_or.reduce, np.bitwise_xor.reduce):
+            out = v.astype(np.int64)
+            for a in sorted(axes, reverse=True):
+                out = fn(out, axis=a, keepdims=keepdims)
+            return out
+        return fn(v, axis=axes, keepdims=keepdims)
+
+
+def reduced_shape(shape, axes, keepdims):
+    if keepdims:
+        return tuple(1 if i in axes else s for i, s in enumerate(shape))
+    out = tuple(s for i, s in enumerate(shape) if i not in axes)
+    return out if len(out) >= 2 else (out[0], 1)   # a tile needs 2 dims: (P, 1)
+
+
+def _reduce(name, x, axis, dtype, mask, keepdims):
+    run = context.current()
+    t = _tile(x, name, "x")
+    axes = reduce_axes(t, axis, name)
+    v = read(t, name, run).reshape(_tile_shape(t))
+    if name not in ("all",):
+        v = dtypes.to_f32(v)
+    out = reduce_values(name, v, axes, keepdims)
+    shape = reduced_shape(_tile_shape(t), axes, keepdims)
+    out_dt = dtype or (np.dtype(np.float32) if name == "mean" and dtypes.is_int(t.dtype)
+                       else (np.dtype(np.bool_) if name == "all" else t.dtype))
+    detail = _detail(t)
+    detail["alu"] = name
+    detail["in_free"] = _free(t)
+    return result_tile(run, shape, out_dt, out.reshape(shape), "tensor_reduce", VECTOR, (t,),
+                       detail)
+
+
+def _make_reduce(name):
+    def op(x, axis, *, dtype=None, mask=None, keepdims=False, **kwargs):
+        return _reduce(name, x, axis, dtype, mask, keepdims)
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = f"``{name}`` over free axes on VectorE (ref §1.8)."
+    return op
+
+
+sum = _make_reduce("sum")  # noqa: A001
+max = _make_reduce("max")  # noqa: A001
+min = _make_reduce("min")  # noqa: A001
+mean = _make_reduce("mean")
+prod = _make_reduce("prod")
+all = _make_reduce("all")  # noqa: A001
+var = _make_reduce("var")
+
+
+def where(condition, x, y, *, dtype=None, mask=None, **kwargs):
+    """Select ``x`` where ``condition`` else ``y`` (VectorE)."""
+    run = context.current()
+    c = _tile(condition, "where", "condition")
+    cv = read(c, "where", run).reshape(_tile_shape(c)) != 0
+    tiles = [c]
+    parts = []
+    for p, v in (("x", x), ("y", y)):
+        if isinstance(v, Tensor):
+            tiles.append(_tile(v, "where", p))
+            parts.append(_tile_vals(v, "where", run))
+        else:
+            parts.append(v)
+    try:
+        out = np.where(cv, parts[0], parts[1])
+    except ValueError:
+        raise nki_error("nkisim_shape_mismatch", params="condition, x, y", api="where",
+                        why="could not be broadcast together") from None
+    dt = dtype or dtypes.promote(_operand_dtype(x), _operand_dtype(y))
+    return result_tile(run, out.shape, dt, out, "select", VECTOR, tiles, _detail(*tiles),
+                       mask=_mask(mask, out.shape))
+
+
+def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, **kwargs):
+    """``b = nl.loop_reduce(a, op=np.add, loop_indices=[k])``: ``b = op(a, b)`` where ``b`` is
+    the variable the result is assigned to (the destination is also op's right input)."""
+    from .isa import _alu_name
+    run = context.current()
+    t = _tile(x, "loop_reduce", "x")
+    name = _alu_name(op, "loop_reduce")
+    f = sys._getframe(1)
+    from .tensor import _infer_name
+    target = _infer_name(f.f_code.co_filename, f.f_lineno, "")
+    prev = f.f_locals.get(target) if target else None
+    if not isinstance(prev, Tensor):
+        raise nki_error("nkisim_unsupported", what="nl.loop_reduce without an accumulator",
+                        why="write `acc = nl.loop_reduce(x, op=..., loop_indices=[i])` with "
+                            "`acc` a tile created before the loop")
+    a = _tile_vals(t, "loop_reduce", run)
+    b = _tile_vals(prev, "loop_reduce", run)
+    out = apply_binary(name, a, fit(b, a.shape))
+    return result_tile(run, a.shape, dtype or prev.dtype, out, "tensor_tensor", VECTOR,
+                       (t, prev), _detail(t, prev))
+
+
+# ---------------------------------------------------------------------------------------------
+# TensorE (ref §1.8)
+
+def transpose(x, *, dtype=None, mask=None, **kwargs):
+    """Transpose a 2-D tile between partition and free dimension (TensorE, result in PSUM)."""
+    from . import isa
+    t = _tile(x, "transpose", "x")
+    if len(t.shape) > 2:
+        raise nki_error("err_exceed_max_supported_dimension", param="x",
+                        shape=shape_str(t.shape), api="transpose", limit=2)
+    for d, s in enumerate(_tile_shape(t)):
+        if s > 128:
+            raise nki_error("err_size_of_dimension_exceed_arch_limit", dim=d, param="x",
+                            shape=shape_str(t.shape), api="transpose", limit=128)
+    return isa.nc_transpose(t, dtype=dtype, engine=isa.engine.tensor, mask=mask)
+
+
+def matmul(x, y, *, transpose_x=False, mask=None, **kwargs):
+    """``x @ y`` (or ``x.T @ y``); lowers to ``nc_matmul(transpose(x), y)`` (ref §1.8)."""
+    from . import isa
+    run = context.current()
+    xt = _tile(x, "matmul", "x")
+    yt = _tile(y, "matmul", "y")
+    if not transpose_x:
+        xs = _tile_shape(xt)
+        if xs[1] != _tile_shape(yt)[0]:
+            raise nki_error("nkisim_matmul_contraction_mismatch", stat=shape_str(xs),
+                            mov=shape_str(yt.shape), api="matmul")
+        # the extra TensorE transpose the compiler inserts, then a copy back to SBUF
+        tp = isa.nc_transpose(xt, engine=isa.engine.tensor)
+        xt = copy(tp, dtype=xt.dtype)
+        del tp
+    _ = run
+    return isa.nc_matmul(xt, yt)
+
+
+def softmax(x, axis, *, dtype=None, mask=None, **kwargs):
+    run = context.current()
+    t = _tile(x, "softmax", "x")
+    axes = reduce_axes(t, axis, "softmax")
+    v = _tile_vals(t, "softmax", run)
+    e = np.exp(v - v.max(axis=axes, keepdims=True))
+    out = e / e.sum(axis=axes, keepdims=True)
+    return result_tile(run, v.shape, dtype or t.dtype, out, "activation", SCALAR, (t,),
+                       _detail(t))
+
+
+def _unsupported(name):
+    def fn(*args, **kwargs):
+        raise nki_error("nkisim_unsupported", what=f"nl.{name}",
+                        why="not part of the API surface nkisim simulates yet")
+    fn.__name__ = name
+    return fn
+
+
+rand = _unsupported("rand")
+random_seed = _unsupported("random_seed")
+dropout = _unsupported("dropout")
+gather_flattened = _unsupported("gather_flattened")
+atomic_rmw = _unsupported("atomic_rmw")
+all_reduce = _unsupported("all_reduce")
+rms_norm = _unsupported("rms_norm")
+shared_constant = _unsupported("shared_constant")
+shared_identity_matrix = _unsupported("shared_identity_matrix")
+
+# namespace objects that some kernels reference
+spmd = SimpleNamespace()
+_ = (DynSlice, IndexExpr, TENSOR, DMA)

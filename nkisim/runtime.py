@@ -1,0 +1,324 @@
+"""Running kernels: ``nki.jit``, ``simulate_kernel``, ``baremetal``, ``benchmark``, ``profile``.
+
+A kernel called with NumPy arrays runs on nkisim: inputs become HBM tensors (no copy; immutable
+unless annotated ``nt.mutable_tensor``), the body executes eagerly, returned HBM tensors come back
+as NumPy arrays (ref §1.1 calling convention). A kernel called from inside another kernel runs
+inline. ``kernel[g0, g1](...)`` runs the SPMD instances serially, as one NeuronCore does.
+
+``nki.benchmark``/``nki.profile`` simulate the kernel, then report the cost model's latency in the
+real result objects (``benchmark_result.nc_latency.get_latency_percentile(p)`` in microseconds).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import os
+import sys
+import time
+
+import numpy as np
+
+from . import checks, context
+from .errors import nki_error
+from .tensor import Tensor, from_numpy, values
+
+_JIT_MODES = ("auto", "jax", "torchxla", "baremetal", "benchmark", "simulation")
+
+
+class Kernel:
+    """A ``@nki.jit`` kernel. Call it with NumPy arrays to simulate it."""
+
+    def __init__(self, func, mode="auto", **options):
+        if mode not in _JIT_MODES:
+            raise nki_error("nkisim_invalid_argument", api="nki.jit",
+                            why=f"mode must be one of {', '.join(_JIT_MODES)}, got {mode!r}")
+        self.func = func
+        self.mode = mode
+        self.options = dict(options)
+        self.grid = ()
+        functools.update_wrapper(self, func)
+        self.last_run = None
+
+    @property
+    def platform_target(self):
+        return self.options.get("platform_target")
+
+    def __getitem__(self, grid):
+        grid = grid if isinstance(grid, tuple) else (grid,)
+        k = Kernel(self.func, self.mode, **self.options)
+        k.grid = tuple(int(g) for g in grid)
+        k.__dict__.update({a: getattr(self, a) for a in ("simulate_options",)
+                           if hasattr(self, a)})
+        return k
+
+    def __call__(self, *args, **kwargs):
+        run = context.maybe_current()
+        if run is not None:
+            if self.grid:
+                raise nki_error("err_nested_kernel_with_spmd_grid", name=self.__name__,
+                                grid=list(self.grid))
+            run.nesting += 1
+            try:
+                return self.func(*args, **kwargs)
+            finally:
+                run.nesting -= 1
+        return simulate(self, args, kwargs)
+
+    def __repr__(self):
+        return f"<nki kernel {self.__name__}>"
+
+
+def jit(func=None, mode="auto", **kwargs):
+    """``@nki.jit`` / ``@nki.jit(mode=..., platform_target=..., ...)``."""
+    if func is None:
+        return lambda f: jit(f, mode=mode, **kwargs)
+    if isinstance(func, Kernel):
+        k = Kernel(func.func, mode, **{**func.options, **kwargs})
+        k.grid = func.grid
+        return k
+    return Kernel(func, mode, **kwargs)
+
+
+def _as_kernel(kernel) -> Kernel:
+    if isinstance(kernel, Kernel):
+        return kernel
+    if isinstance(kernel, _Wrapped):
+        return kernel.kernel
+    if callable(kernel):
+        return Kernel(kernel)
+    raise TypeError(f"expected an NKI kernel, got {type(kernel).__name__}")
+
+
+def _mutable_params(func) -> set:
+    from .typing import mutable_tensor
+    try:
+        hints = inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return set()
+    out = set()
+    for name, p in hints.items():
+        ann = p.annotation
+        if ann is mutable_tensor or getattr(ann, "__origin__", None) is mutable_tensor or \
+                (isinstance(ann, str) and "mutable_tensor" in ann):
+            out.add(name)
+    return out
+
+
+def simulate(kernel, args, kwargs, *, target=None, checks_spec=None) -> object:
+    """Run ``kernel`` on NumPy inputs; return its outputs as NumPy arrays."""
+    k = _as_kernel(kernel)
+    target = target or k.options.get("platform_target")
+    run = context.new_run(target=target, checks=checks_spec, kernel_name=k.__name__)
+    k.last_run = run
+    _LAST[0] = run
+    sig_names = list(inspect.signature(k.func).parameters)
+    mutable = _mutable_params(k.func)
+    context.push(run)
+    try:
+        wrapped = []
+        mutables = {}
+        for i, a in enumerate(args):
+            name = sig_names[i] if i < len(sig_names) else f"arg{i}"
+            if isinstance(a, np.ndarray) or _is_array_like(a):
+                t = from_numpy(np.asarray(a), name, mutable=name in mutable)
+                if name in mutable:
+                    mutables[name] = t
+                wrapped.append(t)
+            else:
+                wrapped.append(a)
+        kw = {}
+        for name, a in kwargs.items():
+            if isinstance(a, np.ndarray):
+                t = from_numpy(a, name, mutable=name in mutable)
+                if name in mutable:
+                    mutables[name] = t
+                kw[name] = t
+            else:
+                kw[name] = a
+        grid = k.grid
+        run.grid = grid
+        result = None
+        ids = itertools.product(*(range(g) for g in grid)) if grid else [()]
+        for pid in ids:
+            run.program_ids = tuple(pid)
+            run.shared_hbm_cursor = 0
+            result = k.func(*wrapped, **kw)
+        outs = _flatten(result)
+        for name, t in mutables.items():
+            if not any(o.root is t.root for o in outs):
+                raise nki_error("err_mutable_parameter_not_returned", name=name)
+        checks.check_outputs(run, [o for o in outs if not o.root.param])
+        return _to_numpy(result)
+    finally:
+        context.pop()
+
+
+_LAST = [None]
+
+
+def last_run():
+    """The Run of the most recent top-level kernel call (its trace, memory summary...)."""
+    return _LAST[0]
+
+
+def _is_array_like(a):
+    return hasattr(a, "__array_interface__") and not isinstance(a, (int, float))
+
+
+def _flatten(result):
+    if isinstance(result, Tensor):
+        return [result]
+    if isinstance(result, (tuple, list)):
+        out = []
+        for r in result:
+            out.extend(_flatten(r))
+        return out
+    return []
+
+
+def _to_numpy(result):
+    if isinstance(result, Tensor):
+        if result.root.buffer != "hbm":
+            raise nki_error("nkisim_invalid_argument", api="return",
+                            why=f"kernel outputs must be HBM tensors; `{result.name}` is in "
+                                f"{result.root.buffer} (ref §1.1)")
+        return np.array(values(result), copy=True)
+    if isinstance(result, tuple):
+        return tuple(_to_numpy(r) for r in result)
+    if isinstance(result, list):
+        return [_to_numpy(r) for r in result]
+    return result
+
+
+def simulate_kernel(kernel, *args, **kwargs):
+    """``nki.simulate_kernel(kernel, *args)``: run on CPU and return NumPy outputs."""
+    return simulate(kernel, args, kwargs)
+
+
+class _Wrapped:
+    """``nki.baremetal(kernel)`` / ``nki.benchmark(...)(kernel)``: a callable with a grid."""
+
+    def __init__(self, kernel, **options):
+        self.kernel = _as_kernel(kernel)
+        self.options = options
+        functools.update_wrapper(self, self.kernel.func)
+
+    def __getitem__(self, grid):
+        w = type(self).__new__(type(self))
+        w.__dict__.update(self.__dict__)
+        w.kernel = self.kernel[grid]
+        return w
+
+    def __call__(self, *args, **kwargs):
+        return simulate(self.kernel, args, kwargs,
+                        target=self.options.get("platform_target"))
+
+
+class _Baremetal(_Wrapped):
+    pass
+
+
+def baremetal(kernel=None, **kwargs):
+    """``nki.baremetal``: on nkisim it simulates (there is no device)."""
+    if kernel is None:
+        return lambda k: _Baremetal(k, **kwargs)
+    return _Baremetal(kernel, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# benchmark / profile
+
+class LatencyResult:
+    """``nc_latency``: percentiles in microseconds (ref §1.1: [0, 1, 10, 25, 50, 90, 99, 100])."""
+
+    PERCENTILES = (0, 1, 10, 25, 50, 90, 99, 100)
+
+    def __init__(self, latency_us: float):
+        self.latency_us = float(latency_us)
+
+    def get_latency_percentile(self, percentile: int) -> float:
+        if int(percentile) not in self.PERCENTILES:
+            raise ValueError(f"available percentiles are {list(self.PERCENTILES)}, "
+                             f"got {percentile}")
+        # The cost model is deterministic: every percentile is the same estimate.
+        return self.latency_us
+
+
+class BenchmarkResult:
+    def __init__(self, latency_us, schedule, trace):
+        self.nc_latency = LatencyResult(latency_us)
+        self.schedule = schedule
+        self.trace = trace
+
+
+def estimate(run):
+    """Schedule a finished run's trace on its target: (Schedule, latency in µs)."""
+    from .schedule import schedule as _schedule
+    sched = _schedule(run.trace, run.arch)
+    return sched, sched.total_ns / 1000.0
+
+
+class _Benchmark(_Wrapped):
+    def __call__(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = super().__call__(*args, **kwargs)
+        run = self.kernel.last_run
+        sched, us = estimate(run)
+        self.benchmark_result = BenchmarkResult(us, sched, run.trace)
+        warmup = self.options.get("warmup", 10)
+        iters = self.options.get("iters", 100)
+        _print_benchmark_table(self.kernel.__name__, us, run, warmup, iters,
+                               time.perf_counter() - t0)
+        return out
+
+
+def benchmark(kernel=None, **kwargs):
+    """``nki.benchmark(warmup=, iters=, ...)``: simulate, then estimate latency (no device)."""
+    if kernel is None:
+        return lambda k: _Benchmark(k, **kwargs)
+    return _Benchmark(kernel, **kwargs)
+
+
+def _print_benchmark_table(name, us, run, warmup, iters, wall):
+    cols = ("B", "NC", "NC USED", "WEIGHTS", "MODE", "INF/S", "IRES/S", "L(1)", "L(50)",
+            "L(99)", "NCL(1)", "NCL(50)", "NCL(99)", "%USER")
+    # L(*) includes host overhead; nkisim reports the device estimate for both (ref §1.1).
+    inf = 1e6 / us if us > 0 else 0.0
+    vals = ("1", "1", "1", "dynamic", "LIBMODE", f"{inf:.0f}", f"{inf:.0f}", *(f"{us:.0f}",) * 6,
+            "N/A")
+    if os.environ.get("NKISIM_QUIET"):
+        return
+    print(f"nkisim benchmark: {name} on {run.arch.name} (estimated by the cost model; "
+          f"warmup={warmup} iters={iters} not run, simulation took {wall:.2f} s)")
+    print(" ".join(f"{c:>8}" for c in cols))
+    print(" ".join(f"{v:>8}" for v in vals))
+
+
+class _Profile(_Wrapped):
+    def __call__(self, *args, **kwargs):
+        out = super().__call__(*args, **kwargs)
+        run = self.kernel.last_run
+        sched, us = estimate(run)
+        from .timeline import write_chrome_trace
+        wd = self.options.get("working_directory") or os.getcwd()
+        if not os.path.isabs(wd):
+            raise ValueError("nki.profile: working_directory must be an absolute path")
+        os.makedirs(wd, exist_ok=True)
+        name = self.options.get("save_trace_name", "profile.ntff")
+        base = os.path.splitext(name)[0]
+        path = os.path.join(wd, base + ".json")
+        write_chrome_trace(sched, run.trace, path)
+        self.benchmark_result = BenchmarkResult(us, sched, run.trace)
+        self.trace_path = path
+        print(f"nkisim profile: {self.kernel.__name__}: {us:.1f} us estimated; engine timeline "
+              f"written to {path} (open it in https://ui.perfetto.dev)", file=sys.stderr)
+        return out
+
+
+def profile(func=None, **kwargs):
+    """``nki.profile``: simulate and write the engine timeline as Chrome/Perfetto JSON."""
+    if func is None:
+        return lambda k: _Profile(k, **kwargs)
+    return _Profile(func, **kwargs)

@@ -1,0 +1,747 @@
+"""Tensors on HBM, SBUF and PSUM; views; reads and writes with the hardware's numerics.
+
+Layout (ref §1.2): SBUF/PSUM are 2-D memories of 128 partitions; a tile's partition dimension maps
+to partitions and the free dimensions are laid out row-major inside each partition. nkisim stores
+an auto-allocated SBUF/PSUM tensor as a NumPy array of shape ``(P, *free)`` in its own dtype (bf16
+and fp8 through ml_dtypes), so every write rounds to the dtype (RNE). A tensor with block
+dimensions before the partition dimension (``(B, par_dim(P), F)``) is stored ``(P, B, F)`` and
+viewed transposed, as the hardware lays blocks out in the free space. Direct-allocated tensors
+(``ncc.sbuf.mod_alloc``) are views into one byte array per SBUF, so tensors placed at overlapping
+addresses really share storage. HBM tensors are linear NumPy arrays; ``reshape`` gives views.
+
+Every tensor element also has a *shadow*: the epoch of its last write (0 = never written, see
+``nkisim.context``). Reads check it (uninitialized memory, loop-carried dependencies) and writes
+stamp it (races between ``affine_range`` iterations); ``nkisim.checks`` holds those rules.
+"""
+
+from __future__ import annotations
+
+import linecache
+import math
+import re
+
+import numpy as np
+
+from . import checks, context, dtypes
+from .errors import nki_error, shape_str
+from .indexing import IndexExpr, normalize_key, split_shape
+from .trace import Region
+
+# ---------------------------------------------------------------------------------------------
+# buffers
+
+
+class Buffer:
+    """A memory: ``nl.sbuf``, ``nl.psum``, ``nl.hbm``/``nl.private_hbm``, ``nl.shared_hbm``."""
+
+    __slots__ = ("name", "kind", "shared")
+
+    def __init__(self, name, kind, shared=False):
+        self.name, self.kind, self.shared = name, kind, shared
+
+    def __repr__(self):
+        return f"nl.{self.name}"
+
+
+class DirectAlloc(Buffer):
+    """``ncc.sbuf.mod_alloc(base_addr=, base_partition=, num_par_tiles=, num_free_tiles=)``."""
+
+    __slots__ = ("base_addr", "base_partition", "num_par_tiles", "num_free_tiles")
+
+    def __init__(self, kind, base_addr=0, base_partition=0, num_par_tiles=(), num_free_tiles=()):
+        super().__init__(f"{kind}.mod_alloc", kind)
+        if int(base_addr) < 0 or int(base_partition) < 0:
+            raise nki_error("nkisim_invalid_argument", api=f"ncc.{kind}.mod_alloc",
+                            why="base_addr and base_partition must be >= 0")
+        self.base_addr = int(base_addr)
+        self.base_partition = int(base_partition)
+        self.num_par_tiles = tuple(num_par_tiles)
+        self.num_free_tiles = tuple(num_free_tiles)
+
+
+sbuf = Buffer("sbuf", "sbuf")
+psum = Buffer("psum", "psum")
+hbm = Buffer("hbm", "hbm")
+private_hbm = Buffer("private_hbm", "hbm")
+shared_hbm = Buffer("shared_hbm", "hbm", shared=True)
+
+
+def buffer_of(buffer) -> Buffer:
+    if buffer is None:
+        return sbuf
+    if isinstance(buffer, Buffer):
+        return buffer
+    raise nki_error("nkisim_invalid_argument", api="tensor creation",
+                    why=f"buffer must be nl.sbuf, nl.psum, nl.hbm, nl.shared_hbm, "
+                        f"nl.private_hbm or a direct allocation, not {buffer!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# allocations
+
+
+class Allocation:
+    """The storage behind a tensor and all its views."""
+
+    __slots__ = ("id", "buffer", "name", "key", "ptr", "row_bytes", "p_base", "shadow", "param",
+                 "mutable", "live", "pbytes", "banks", "loop", "file", "line", "direct",
+                 "dtype", "shape", "__weakref__")
+
+    def __init__(self, buffer, name, dtype, shape):
+        self.buffer = buffer          # "hbm" | "sbuf" | "psum"
+        self.name = name
+        self.dtype = dtype
+        self.shape = shape
+        self.id = 0
+        self.key = None
+        self.ptr = 0
+        self.row_bytes = 0
+        self.p_base = 0
+        self.shadow = None
+        self.param = False
+        self.mutable = False
+        self.live = False
+        self.pbytes = 0
+        self.banks = 0
+        self.loop = None
+        self.file = ""
+        self.line = 0
+        self.direct = False
+
+
+_ids = iter(range(1, 1 << 62))
+_NAME_RE = re.compile(r"^\s*([A-Za-z_]\w*)\s*(?::[^=]+)?=(?!=)")
+
+
+def _infer_name(file: str, line: int, default: str) -> str:
+    """The variable a tensor is assigned to on its source line (``a_tile = nl.ndarray(...)``)."""
+    if file:
+        m = _NAME_RE.match(linecache.getline(file, line))
+        if m:
+            return m.group(1)
+    return default
+
+
+def _site_key(run, buffer, file, line):
+    """Physical key of an auto-allocated tile: its allocation site within the loop body.
+
+    A tile allocated at the same place in a loop body reuses its buffer in every iteration
+    (the compiler allocates one buffer per allocation site unless the kernel asks for more);
+    allocations at one site within the same iteration get distinct buffers.
+    """
+    counts = run.memory.site_counts
+    site = (buffer, file, line, run.epoch)
+    n = counts.get(site, 0)
+    counts[site] = n + 1
+    return (buffer, file, line, n)
+
+
+def _new_alloc(run, kind, name, dtype, shape, arr, file, line):
+    a = Allocation(kind, name, dtype, shape)
+    a.id = next(_ids)
+    a.file, a.line = file, line
+    a.ptr = arr.__array_interface__["data"][0]
+    return a
+
+
+def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray") -> Tensor:
+    """Create a tensor (``nl.ndarray``/``zeros``/``full``...) in the current kernel."""
+    run = context.current()
+    buf = buffer_of(buffer)
+    dt = dtypes.normalize(dtype)
+    if dt not in dtypes.SUPPORTED:
+        raise nki_error("nkisim_operand_dtype", param="dtype", api=api, dtype=dt,
+                        allowed=", ".join(sorted(dtypes.name(d) for d in dtypes.SUPPORTED)))
+    shape, paxis = split_shape(shape)
+    file, line = context.caller_location()
+    name = name or _infer_name(file, line, f"{buf.kind}_tensor")
+    sdt = dtypes.storage(dt)
+
+    if buf.kind == "hbm":
+        if fill is not None:
+            raise nki_error("err_hbm_tensor_with_init_value_not_supported")
+        if buf.shared and run.nesting == 0 and run.loops:
+            raise nki_error("err_shared_hbm_must_in_kernel_level")
+        if buf.shared and run.grid and run.program_ids != (0,) * len(run.grid):
+            # SPMD instances share shared_hbm tensors: the n-th created is the same tensor.
+            if run.shared_hbm_cursor < len(run.shared_hbm):
+                t = run.shared_hbm[run.shared_hbm_cursor]
+                run.shared_hbm_cursor += 1
+                return t
+        arr = np.full(shape, dtypes.poison(dt), dtype=sdt) if dtypes.is_float(dt) else \
+            np.full(shape, dtypes.poison(dt), dtype=sdt)
+        a = _new_alloc(run, "hbm", name, dt, shape, arr, file, line)
+        a.key = ("hbm", a.id)
+        a.shadow = np.zeros(shape, np.int32) if run.checks else None
+        t = Tensor(arr, a.shadow, a, dt, shape, None, None)
+        if buf.shared:
+            run.shared_hbm.append(t)
+            run.shared_hbm_cursor = len(run.shared_hbm)
+        return t
+
+    # --- SBUF / PSUM ---
+    if len(shape) < 2:
+        raise nki_error("nkisim_insufficient_rank", buffer=buf.kind.upper(), name=name,
+                        shape=shape_str(shape), n=shape[0] if shape else 1)
+    P = shape[paxis]
+    if P > run.arch.pmax:
+        raise nki_error("err_num_partition_exceed_arch_limit", n=P, limit=run.arch.pmax)
+    if paxis != 0:
+        run.warn(("block", file, line), "block dimensions (dimensions before the partition "
+                 "dimension) are deprecated in NKI: put them in the free dimensions or use "
+                 "lists of tiles (warn_block_dimension_is_deprecated)")
+    blocks, free = shape[:paxis], shape[paxis + 1:]
+    nfree = math.prod(free)
+    nblocks = math.prod(blocks)
+    pbytes = nblocks * nfree * sdt.itemsize
+    if buf.kind == "psum" and nfree * sdt.itemsize > run.arch.psum_bank_bytes:
+        raise nki_error("nkisim_psum_bank_overflow", name=name, shape=shape_str(shape),
+                        dtype=dtypes.name(dt), nbytes=nfree * sdt.itemsize,
+                        bank=run.arch.psum_bank_bytes, fmax=run.arch.psum_fmax)
+    if isinstance(buf, DirectAlloc):
+        if fill is not None:
+            raise nki_error("err_tensor_creation_on_scratchpad_with_init_value_not_supported")
+        return _allocate_direct(run, buf, name, dt, shape, paxis, file, line)
+
+    phys_shape = (P,) + blocks + free
+    if fill is None:
+        arr = np.full(phys_shape, dtypes.poison(dt), dtype=sdt)
+    else:
+        arr = np.full(phys_shape, fill, dtype=sdt) if dt != dtypes.TF32 else \
+            dtypes.cast(np.full(phys_shape, fill, np.float32), dt)
+    a = _new_alloc(run, buf.kind, name, dt, shape, arr, file, line)
+    a.key = _site_key(run, buf.kind, file, line)
+    a.row_bytes = pbytes
+    a.pbytes = pbytes
+    if buf.kind == "psum":
+        a.banks = -(-pbytes // run.arch.psum_bank_bytes)
+    if paxis:
+        perm = tuple(range(1, paxis + 1)) + (0,) + tuple(range(paxis + 1, len(shape)))
+        arr = arr.transpose(perm)
+    if run.checks:
+        a.shadow = np.zeros(shape, np.int32)
+        if fill is not None:
+            a.shadow.fill(run.epoch)
+    t = Tensor(arr, a.shadow, a, dt, shape, paxis, None)
+    run.memory.allocate(a, t)
+    return t
+
+
+def _allocate_direct(run, buf: DirectAlloc, name, dt, shape, paxis, file, line):
+    """Direct allocation: views of the whole SBUF/PSUM byte array (real aliasing)."""
+    run.allocated_kernel = True
+    kind = buf.kind
+    total = run.arch.sbuf_partition_bytes if kind == "sbuf" else run.arch.psum_partition_bytes
+    attr = "sbuf_bytes" if kind == "sbuf" else "psum_bytes"
+    mem = getattr(run, attr)
+    if mem is None:
+        mem = np.full((run.arch.pmax, total), 0xFF, np.uint8)    # poison: NaN for every float
+        setattr(run, attr, mem)
+    sdt = dtypes.storage(dt)
+    blocks, free = shape[:paxis], shape[paxis + 1:]
+    P = shape[paxis]
+    tile_bytes = math.prod(free) * sdt.itemsize
+    nft = buf.num_free_tiles or tuple(1 for _ in blocks) or ()
+    if len(nft) < len(blocks):
+        nft = tuple(nft) + (1,) * (len(blocks) - len(nft))
+    nslots = math.prod(nft) if blocks else 1
+    end = buf.base_addr + nslots * tile_bytes
+    p0 = buf.base_partition
+    if end > total or p0 + P > run.arch.pmax:
+        raise nki_error("nkisim_invalid_argument", api=f"ncc.{kind}.mod_alloc",
+                        why=f"[NLA001] Allocated memory out of bound {{{name}}}@"
+                            f"{'SB' if kind == 'sbuf' else 'PSUM'}<{p0},{buf.base_addr}>"
+                            f"({P}x{nslots * tile_bytes}): the {kind.upper()} has {total} bytes "
+                            f"per partition")
+    slots, offs = [], []
+    for j in range(nslots):
+        lo = buf.base_addr + j * tile_bytes
+        v = mem[p0:p0 + P, lo:lo + tile_bytes].view(sdt).reshape((P,) + free)
+        slots.append(v)
+        offs.append(p0 * total + lo)
+    a = Allocation(kind, name, dt, shape)
+    a.id = next(_ids)
+    a.file, a.line = file, line
+    a.direct = True
+    a.key = (kind, "direct")
+    a.ptr = mem.__array_interface__["data"][0]
+    a.row_bytes = total
+    a.p_base = 0
+    logical = tuple(blocks) + (P,) + tuple(free)
+    a.shadow = np.zeros(logical, np.int32) if run.checks else None
+    if not blocks:
+        return Tensor(slots[0], a.shadow, a, dt, logical, 0, None, offs[0])
+    t = Tensor(None, a.shadow, a, dt, logical, paxis, None)
+    t._slots = (slots, tuple(blocks), nft, offs)
+    return t
+
+
+def from_numpy(arr: np.ndarray, name: str, *, mutable: bool = False) -> Tensor:
+    """Wrap a kernel argument (a NumPy array) as an HBM tensor; no copy."""
+    run = context.current()
+    arr = np.asarray(arr)
+    dt = arr.dtype
+    if dt not in dtypes.SUPPORTED:
+        raise nki_error("nkisim_operand_dtype", param=name, api="kernel call", dtype=dt,
+                        allowed="float32, float16, bfloat16, float8_e4m3, float8_e5m2, int8, "
+                                "int16, int32, uint8, uint16, uint32, bool (cast the NumPy array "
+                                "first, e.g. x.astype(np.float32))")
+    if not arr.flags.c_contiguous:
+        arr = np.ascontiguousarray(arr)
+    a = _new_alloc(run, "hbm", name, dt, arr.shape, arr, "", 0)
+    a.key = ("hbm", a.id)
+    a.param = True
+    a.mutable = mutable
+    if mutable and run.checks:
+        a.shadow = np.ones(arr.shape, np.int32)    # written by the host before the kernel
+    return Tensor(arr, a.shadow, a, dt, arr.shape, None, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# tensors
+
+
+class Tensor:
+    """An NKI tensor or a view of one (``nki.tensor`` in the real API)."""
+
+    __slots__ = ("_arr", "_w", "root", "dtype", "shape", "paxis", "_idx", "_slots", "_producer",
+                 "_inplace", "_off", "__weakref__")
+    __array_priority__ = 1000
+
+    def __init__(self, arr, shadow, root, dtype, shape, paxis, idx, off=0):
+        self._off = off             # byte offset of the view's first element in the storage
+        self._arr = arr
+        self._w = shadow
+        self.root = root
+        self.dtype = dtype
+        self.shape = tuple(shape)
+        self.paxis = paxis          # partition axis of this view (None: HBM or partition removed)
+        self._idx = idx             # advanced index into _arr/_w, or None
+        self._slots = None
+        self._producer = None
+        self._inplace = False
+
+    # --- nki.tensor API (ref §1.2) ---
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def itemsize(self):
+        return self.dtype.itemsize
+
+    @property
+    def buffer(self):
+        return self.root.buffer
+
+    @property
+    def name(self):
+        return self.root.name
+
+    def __repr__(self):
+        return (f"<nki tensor '{self.name}' {shape_str(self.shape)} {dtypes.name(self.dtype)} "
+                f"in {self.root.buffer}>")
+
+    def __len__(self):
+        return self.shape[0]
+
+    def reshape(self, *shape):
+        """A view with a new shape (no copy). Element counts must match."""
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        shape, paxis = split_shape(shape)
+        if math.prod(shape) != math.prod(self.shape):
+            raise nki_error("nkisim_invalid_argument", api="reshape",
+                            why=f"cannot reshape `{self.name}` {shape_str(self.shape)} "
+                                f"({math.prod(self.shape)} elements) to {shape_str(shape)}")
+        self._plain("reshape")
+        if self.root.buffer != "hbm":
+            if shape[0] != self.shape[0] and self.paxis == 0:
+                raise nki_error("nkisim_invalid_argument", api="reshape",
+                                why="reshaping an SBUF/PSUM tile must keep the partition "
+                                    f"dimension ({self.shape[0]})")
+        try:
+            arr = self._arr.reshape(shape)
+            w = None if self._w is None else self._w.reshape(shape)
+        except (ValueError, AttributeError):
+            raise nki_error("nkisim_unsupported", what=f"reshape of the strided view of "
+                            f"`{self.name}`", why="reshape the whole tensor, then slice") from None
+        if arr.base is None and self._arr.size:
+            raise nki_error("nkisim_unsupported", what="reshape that copies",
+                            why="the view is not contiguous")
+        return Tensor(arr, w, self.root, self.dtype, shape,
+                      None if self.root.buffer == "hbm" else 0, None, self._off)
+
+    def view(self, dtype):
+        dt = dtypes.normalize(dtype)
+        self._plain("view")
+        arr = self._arr.view(dtypes.storage(dt))
+        if arr.shape != self._arr.shape:
+            raise nki_error("nkisim_unsupported", what="view() to a dtype of another size",
+                            why="reinterpreting must keep the element count")
+        return Tensor(arr, self._w, self.root, dt, self.shape, self.paxis, None, self._off)
+
+    def astype(self, dtype):
+        from . import language as nl
+        return nl.copy(self, dtype=dtype)
+
+    def broadcast_to(self, shape):
+        from . import language as nl
+        return nl.broadcast_to(self, shape=shape)
+
+    def expand_dims(self, axis):
+        self._plain("expand_dims")
+        arr = np.expand_dims(self._arr, axis)
+        w = None if self._w is None else np.expand_dims(self._w, axis)
+        return Tensor(arr, w, self.root, self.dtype, arr.shape, self.paxis, None, self._off)
+
+    def assert_shape(self, shape):
+        if tuple(shape) != self.shape:
+            raise nki_error("err_annotation_shape_mismatch", name=self.name,
+                            shape=shape_str(self.shape), expected=shape_str(shape))
+        return self
+
+    def _plain(self, api):
+        if self._idx is not None or self._slots is not None:
+            raise nki_error("nkisim_unsupported", what=f"{api} of an advanced-indexed view",
+                            why="index the result instead")
+
+    # --- indexing ---
+    def __getitem__(self, key):
+        if self._slots is not None:
+            return self._block_getitem(key)
+        if self._idx is not None:
+            raise nki_error("nkisim_unsupported", what="nested indexing of an indexed view",
+                            why="index the tensor once (CS149: 'Do not use nested slicing')")
+        kind, k = normalize_key(key, self.shape, self.name)
+        if kind == "basic":
+            src = self._arr
+            arr = src[k]
+            w = None if self._w is None else self._w[k]
+            off = self._off
+            for x, st in zip(k, src.strides):
+                off += (x.start if isinstance(x, slice) else x) * st
+            paxis = self.paxis
+            if paxis is not None:
+                # axes removed by integer indices before/at the partition axis
+                if paxis < len(k) and not isinstance(k[paxis], slice):
+                    paxis = None
+                else:
+                    paxis -= sum(1 for x in k[:paxis] if not isinstance(x, slice))
+            return Tensor(arr, w, self.root, self.dtype, arr.shape, paxis, None, off)
+        shape = np.broadcast_shapes(*(np.shape(x) for x in k))
+        if len(k) < len(self.shape):
+            shape = shape + self.shape[len(k):]
+        return Tensor(self._arr, self._w, self.root, self.dtype, shape,
+                      None if self.paxis is None else 0, k, self._off)
+
+    def _block_getitem(self, key):
+        slots, blocks, nft, offs = self._slots
+        key = key if isinstance(key, tuple) else (key,)
+        nb = len(blocks)
+        bidx = key[:nb]
+        if len(bidx) < nb or not all(isinstance(b, (int, np.integer)) for b in bidx):
+            raise nki_error("nkisim_unsupported", what="slicing the block dimensions of a "
+                            "direct-allocated tensor", why="index each block with an integer")
+        for d, (b, n) in enumerate(zip(bidx, blocks)):
+            if not 0 <= int(b) < n:
+                raise nki_error("err_tensor_access_out_of_bound", name=self.name, dim=d,
+                                lo=int(b), hi=int(b), size=n)
+        slot = int(np.ravel_multi_index(tuple(int(b) % n for b, n in zip(bidx, nft)), nft))
+        w = None if self._w is None else self._w[tuple(int(b) for b in bidx)]
+        tile = Tensor(slots[slot], w, self.root, self.dtype, slots[slot].shape, 0, None,
+                      offs[slot])
+        rest = key[nb:]
+        return tile[rest] if rest else tile
+
+    def __setitem__(self, key, value):
+        dst = self[key]
+        if isinstance(value, Tensor) and value._inplace:
+            value._inplace = False
+            if value.root is dst.root and value.shape == dst.shape:
+                return                   # `t[...] += x` already wrote in place
+        assign(dst, value)
+
+    # --- Python operators map to nl.* (ref §1.8) ---
+    def _op(self, name, other, reverse=False):
+        from . import language as nl
+        fn = getattr(nl, name)
+        return fn(other, self) if reverse else fn(self, other)
+
+    def __add__(self, o): return self._op("add", o)
+    def __radd__(self, o): return self._op("add", o, True)
+    def __sub__(self, o): return self._op("subtract", o)
+    def __rsub__(self, o): return self._op("subtract", o, True)
+    def __mul__(self, o): return self._op("multiply", o)
+    def __rmul__(self, o): return self._op("multiply", o, True)
+    def __truediv__(self, o): return self._op("divide", o)
+    def __rtruediv__(self, o): return self._op("divide", o, True)
+    def __pow__(self, o): return self._op("power", o)
+    def __mod__(self, o): return self._op("mod", o)
+    def __and__(self, o): return self._op("bitwise_and", o)
+    def __or__(self, o): return self._op("bitwise_or", o)
+    def __xor__(self, o): return self._op("bitwise_xor", o)
+    def __lshift__(self, o): return self._op("left_shift", o)
+    def __rshift__(self, o): return self._op("right_shift", o)
+    def __lt__(self, o): return self._op("less", o)
+    def __le__(self, o): return self._op("less_equal", o)
+    def __gt__(self, o): return self._op("greater", o)
+    def __ge__(self, o): return self._op("greater_equal", o)
+
+    def __neg__(self):
+        from . import language as nl
+        return nl.negative(self)
+
+    def __abs__(self):
+        from . import language as nl
+        return nl.abs(self)
+
+    def __invert__(self):
+        from . import language as nl
+        return nl.invert(self)
+
+    __hash__ = object.__hash__
+
+    def __iadd__(self, other):
+        return inplace(self, other, "add")
+
+    def __isub__(self, other):
+        return inplace(self, other, "subtract")
+
+    def __imul__(self, other):
+        return inplace(self, other, "multiply")
+
+    def __itruediv__(self, other):
+        return inplace(self, other, "divide")
+
+    def __bool__(self):
+        if math.prod(self.shape) == 1:
+            raise nki_error("err_dynamic_control_flow_not_supported")
+        raise nki_error("err_ambiguous_tensor_truth_value")
+
+    def __index__(self):
+        raise nki_error("err_dynamic_control_flow_not_supported")
+
+    def __array__(self, dtype=None, copy=None):
+        raise nki_error("nkisim_unsupported", what=f"converting NKI tensor `{self.name}` to a "
+                        "NumPy array inside a kernel", why="use nl.device_print to inspect "
+                        "values, or return the tensor from the kernel")
+
+    def __iter__(self):
+        raise nki_error("nkisim_unsupported", what=f"iterating over NKI tensor `{self.name}`",
+                        why="index it with nl.affine_range loop variables")
+
+    # --- data access (used by the ops) ---
+    @property
+    def size(self):
+        return math.prod(self.shape)
+
+
+# ---------------------------------------------------------------------------------------------
+# reads, writes, regions
+
+
+def values(t: Tensor) -> np.ndarray:
+    """The raw stored values of a view (no checks)."""
+    if t._slots is not None:
+        raise nki_error("err_failed_to_infer_tile_from_local_tensor", name=t.name)
+    if t._idx is None:
+        return t._arr
+    return t._arr[t._idx]
+
+
+def read(t: Tensor, api: str, run=None) -> np.ndarray:
+    """Values of an operand, after the uninitialized-read and loop-carried-dependency checks."""
+    if t._w is not None:
+        run = run or context.current()
+        checks.check_read(run, t, api)
+    return values(t)
+
+
+def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None) -> None:
+    """Write engine results into a view, rounding to its dtype; stamp the shadow."""
+    run = run or context.current()
+    root = t.root
+    if root.param and not root.mutable:
+        raise nki_error("err_cannot_update_immutable_parameter", name=root.name)
+    if t._slots is not None:
+        raise nki_error("err_failed_to_infer_tile_from_local_tensor", name=t.name)
+    if t._w is not None:
+        checks.check_write(run, t, api, accumulate)
+    dt = t.dtype
+    if dt == dtypes.TF32 or (dt.kind in "iub" and np.asarray(vals).dtype.kind == "f"):
+        vals = dtypes.cast(vals, dt)
+    idx = t._idx
+    with np.errstate(over="ignore", invalid="ignore"):
+        if mask is None:
+            if idx is None:
+                t._arr[...] = vals
+            else:
+                t._arr[idx] = vals
+        else:
+            m = np.broadcast_to(mask, t.shape)
+            v = np.broadcast_to(vals, t.shape)
+            if idx is None:
+                np.copyto(t._arr, v, where=m, casting="unsafe")
+            else:
+                sel = tuple(np.broadcast_to(i, t.shape)[m] for i in _full_idx(idx, t))
+                t._arr[sel] = v[m]
+    if t._w is not None:
+        if mask is None:
+            if idx is None:
+                t._w[...] = run.epoch
+            else:
+                t._w[idx] = run.epoch
+        else:
+            m = np.broadcast_to(mask, t.shape)
+            if idx is None:
+                t._w[m] = run.epoch
+            else:
+                sel = tuple(np.broadcast_to(i, t.shape)[m] for i in _full_idx(idx, t))
+                t._w[sel] = run.epoch
+
+
+def _full_idx(idx, t):
+    shp = np.broadcast_shapes(*(np.shape(x) for x in idx))
+    return tuple(np.broadcast_to(i, shp) for i in idx)
+
+
+def region(t: Tensor) -> Region:
+    """The physical region a view touches (bounding box: partitions x bytes in a partition)."""
+    root = t.root
+    arr = t._arr
+    if arr is None:
+        return Region(root.buffer, root.key, root.name, 0, 128, 0, root.pbytes or 1)
+    off = t._off                      # an advanced-indexed view: the whole view it indexes
+    item = arr.itemsize
+    if root.buffer == "hbm":
+        ext = item
+        for n, s in zip(arr.shape, arr.strides):
+            if n == 0:
+                return Region("hbm", root.key, root.name, 0, 1, off, off)
+            ext += (n - 1) * s
+        return Region("hbm", root.key, root.name, 0, 1, off, off + ext)
+    R = root.row_bytes
+    p_start, f_start = divmod(off, R)
+    p_count, ext = 1, item
+    for n, s in zip(arr.shape, arr.strides):
+        if n == 0:
+            return Region(root.buffer, root.key, root.name, p_start, p_start, f_start, f_start)
+        if s >= R and s % R == 0:
+            p_count = (n - 1) * (s // R) + 1
+        else:
+            ext += (n - 1) * s
+    return Region(root.buffer, root.key, root.name, p_start, p_start + p_count, f_start,
+                  f_start + ext)
+
+
+# ---------------------------------------------------------------------------------------------
+# assignment: `dst[...] = value`
+
+
+def fit(vals: np.ndarray, dst_shape, src_shape=None) -> np.ndarray:
+    """Shape ``vals`` to ``dst_shape``: equal, same partitions and element count, or broadcast."""
+    src_shape = vals.shape if src_shape is None else src_shape
+    dst_shape = tuple(dst_shape)
+    if vals.shape == dst_shape:
+        return vals
+    if vals.size == math.prod(dst_shape) and vals.ndim and dst_shape and \
+            vals.shape[0] == dst_shape[0]:
+        return vals.reshape(dst_shape)
+    try:
+        if np.broadcast_shapes(dst_shape, vals.shape) == dst_shape:
+            return np.broadcast_to(vals, dst_shape)
+    except ValueError:
+        pass
+    raise nki_error("err_store_dst_shape_smaller_than_other_shape", dst=shape_str(dst_shape),
+                    src=shape_str(src_shape))
+
+
+def assign(dst: Tensor, value) -> None:
+    """``dst[...] = value``: retarget the producing instruction, or copy."""
+    run = context.current()
+    if isinstance(value, IndexExpr):
+        raise nki_error("err_cannot_assign_to_index")
+    if isinstance(value, Tensor):
+        producer = value._producer
+        if producer is not None and run.trace.instrs and run.trace.instrs[-1] is producer \
+                and value.root.buffer != "hbm":
+            # `dst[...] = nisa.op(...)`: the instruction writes straight into dst.
+            vals = fit(values(value), dst.shape, value.shape)
+            if producer.op in ("nc_matmul", "nc_transpose") and dst.root.buffer == "sbuf" and \
+                    producer.engine == "tensor":
+                raise nki_error("err_unsupported_memory", param="dst", api=producer.op,
+                                expected="psum", got="sbuf")
+            write(dst, vals, producer.op, run=run)
+            producer.writes = (region(dst),)
+            producer.dtype = dtypes.name(dst.dtype)
+            run.memory.release(value.root)
+            value._producer = None
+            return
+        from . import language as nl
+        src_vals = fit(read(value, "assignment", run), dst.shape, value.shape)
+        if value.root.buffer == "hbm" or dst.root.buffer == "hbm":
+            nl._dma(dst, value, src_vals, "assignment", run)
+        else:
+            write(dst, src_vals, "tensor_copy", run=run)
+            run.record("tensor_copy", "vector", (region(value),), (region(dst),),
+                       dtypes.name(dst.dtype), _partitions(dst), _free(dst),
+                       {"inputs": 1, "psum_in": value.root.buffer == "psum"})
+        return
+    if isinstance(value, (int, float, np.integer, np.floating, bool)):
+        write(dst, np.full(dst.shape, value, dtype=np.float32 if isinstance(
+            value, (float, np.floating)) else np.asarray(value).dtype), "memset", run=run)
+        run.record("memset", "vector", (), (region(dst),), dtypes.name(dst.dtype),
+                   _partitions(dst), _free(dst), {"inputs": 0, "value": float(value)})
+        return
+    raise nki_error("nkisim_invalid_argument", api="assignment",
+                    why=f"cannot assign a {type(value).__name__} to NKI tensor `{dst.name}`")
+
+
+def inplace(t: Tensor, other, opname: str) -> Tensor:
+    """``t += x`` etc. ``psum += nisa.nc_matmul(...)`` is the PSUM accumulation pattern."""
+    run = context.current()
+    if isinstance(other, Tensor) and other._producer is not None and opname == "add" and \
+            other._producer.op == "nc_matmul" and run.trace.instrs and \
+            run.trace.instrs[-1] is other._producer:
+        instr = other._producer
+        if t.root.buffer != "psum":
+            raise nki_error("err_unsupported_memory", param="dst", api="nc_matmul",
+                            expected="psum", got=t.root.buffer)
+        if t.dtype != np.dtype(np.float32):
+            run.warn(("psum_dtype", t.root.id),
+                     f"PSUM accumulator `{t.name}` is {dtypes.name(t.dtype)}: matmul accumulates "
+                     "in fp32 PSUM; keep accumulators float32 (CS149 forum) or every partial sum "
+                     "is rounded")
+        acc = read(t, "nc_matmul (accumulate)", run).astype(np.float32)
+        acc = acc + fit(values(other), t.shape, other.shape)
+        write(t, acc, "nc_matmul", accumulate=True, run=run)
+        instr.writes = (region(t),)
+        instr.detail["accumulate"] = True
+        run.memory.release(other.root)
+        other._producer = None
+        t._inplace = True
+        return t
+    from . import language as nl
+    if t.root.buffer == "sbuf" and any(lp.kind == "affine" for lp in run.loops):
+        run.warn(("iadd_sbuf", t.root.id),
+                 f"`{t.name} {'+-*/'[['add', 'subtract', 'multiply', 'divide'].index(opname)]}= "
+                 "...` on an SBUF tile inside affine_range: NKI only reliably supports += for "
+                 "the PSUM matmul accumulation; write `t[...] = nl.add(t, x)` in a "
+                 "sequential_range loop")
+    res = getattr(nl, opname)(t, other)
+    assign(t, res)
+    t._inplace = True
+    return t
+
+
+def _partitions(t: Tensor) -> int:
+    if t.root.buffer == "hbm" or t.paxis is None or not t.shape:
+        return 1
+    return int(t.shape[t.paxis])
+
+
+def _free(t: Tensor) -> int:
+    p = _partitions(t)
+    return max(1, t.size // max(p, 1))
+
