@@ -1,0 +1,77 @@
+"""``nkisim`` command line: run unmodified NKI scripts on nkisim.
+
+    nkisim run SCRIPT [ARGS...]      run SCRIPT as `python SCRIPT ARGS...` with neuronxcc.nki
+                                     served by nkisim (course harnesses, benchmark scripts)
+    nkisim info                      targets, the shim's state, the enabled checks
+
+Options for ``run``: ``--target trn1|trn2`` (sets NKISIM_TARGET), ``--checks SPEC`` (sets
+NKISIM_CHECKS, e.g. ``-races``), ``--force`` (serve nkisim even if a real neuronx-cc exists).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+
+from . import __version__
+
+
+def _run(args) -> int:
+    if args.target:
+        os.environ["NKISIM_TARGET"] = args.target
+    if args.checks is not None:
+        from .context import parse_checks
+        parse_checks(args.checks)           # validate early, with a clear message
+        os.environ["NKISIM_CHECKS"] = args.checks
+    from . import shim
+    if not shim.install(force=args.force or None):
+        print("nkisim: a real neuronx-cc is installed; running with it (use --force to "
+              "simulate on nkisim)", file=sys.stderr)
+    script = args.script
+    if not os.path.exists(script):
+        print(f"nkisim: no such script: {script}", file=sys.stderr)
+        return 2
+    sys.argv = [script, *args.args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        code = e.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 0
+
+
+def _info(args) -> int:
+    from . import shim
+    from .arch import TARGETS
+    from .context import ALL_CHECKS, parse_checks
+    print(f"nkisim {__version__}")
+    print(f"targets: {', '.join(sorted(set(t.name for t in TARGETS.values())))} "
+          f"(NKISIM_TARGET={os.environ.get('NKISIM_TARGET', 'trn2 (default)')})")
+    print(f"real neuronx-cc importable: {shim.real_neuronxcc_available()}")
+    checks = parse_checks(os.environ.get("NKISIM_CHECKS"))
+    print(f"checks: {', '.join(c for c in ALL_CHECKS if c in checks) or 'none'}")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="nkisim", description="Run NKI kernels without a device.")
+    p.add_argument("--version", action="version", version=f"nkisim {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="run an unmodified NKI script on nkisim")
+    r.add_argument("--target", choices=["trn1", "trn2"], help="simulated target (default trn2)")
+    r.add_argument("--checks", help="checks to run: all, none, a list, or -name to drop one")
+    r.add_argument("--force", action="store_true", help="use nkisim even if neuronx-cc exists")
+    r.add_argument("script")
+    r.add_argument("args", nargs=argparse.REMAINDER)
+    r.set_defaults(fn=_run)
+    i = sub.add_parser("info", help="show targets, shim state and checks")
+    i.set_defaults(fn=_info)
+    args = p.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
