@@ -1,0 +1,141 @@
+"""Golden models for the Part 2 kernel ``fused_conv2d_maxpool(X, W, bias, pool_size=1)``.
+
+Shapes (spec §2): ``X`` is (B, C_in, H, W), ``W`` is (C_out, C_in, K, K), ``bias`` is (C_out,).
+Stride 1, no padding, cross-correlation (no filter flip)::
+
+    out[b, c, i, j] = sum_{ci, di, dj} X[b, ci, i + di, j + dj] * W[c, ci, di, dj] + bias[c]
+
+followed by a max pool with window = stride = ``pool_size`` in floor mode, so the result is
+(B, C_out, out_h // pool_size, out_w // pool_size) with out_h = H - K + 1, out_w = W - K + 1.
+The course guarantees ``out_h % pool_size == 0``; we enforce it.
+
+The convolution is one matmul per filter tap over C_in: for tap (di, dj) the rows
+``X[b, :, di:di + out_h, :]`` are a (C_in, out_h * W) view (no copy), multiplied by the
+(C_out, C_in) tap matrix, and the columns ``dj:dj + out_w`` of the product are accumulated.
+That is K*K large GEMMs per image, so B=4, 256 -> 256 channels, 224x224, 3x3 takes seconds.
+"""
+
+import operator
+
+import ml_dtypes  # noqa: F401  (registers bfloat16/float8 so np.dtype("bfloat16") works)
+import numpy as np
+
+
+def conv2d_reduction_length(C_in, K):
+    """Number of products summed into one conv output element: ``C_in * K * K``."""
+    return C_in * K * K
+
+
+def _pool_size(pool_size):
+    try:
+        p = operator.index(pool_size)
+    except TypeError:
+        raise ValueError(f"pool_size must be a positive integer, got {pool_size!r}") from None
+    if isinstance(pool_size, bool) or p < 1:
+        raise ValueError(f"pool_size must be a positive integer, got {pool_size!r}")
+    return p
+
+
+def _check_shapes(X, W, bias, pool_size):
+    """Validate the operands; return the pool size as an int."""
+    if X.ndim != 4:
+        raise ValueError(f"X must be 4-D (B, C_in, H, W), got shape {X.shape}")
+    if W.ndim != 4:
+        raise ValueError(f"W must be 4-D (C_out, C_in, K, K), got shape {W.shape}")
+    if bias.ndim != 1:
+        raise ValueError(f"bias must be 1-D (C_out,), got shape {bias.shape}")
+    _, c_in, h, w = X.shape
+    c_out, w_c_in, fh, fw = W.shape
+    if w_c_in != c_in:
+        raise ValueError(f"C_in mismatch: X has C_in={c_in} (shape {X.shape}), "
+                         f"W has C_in={w_c_in} (shape {W.shape})")
+    if fh != fw:
+        raise ValueError(f"filter must be square (fh == fw), got fh={fh}, fw={fw}")
+    if fh < 1 or fh > h or fw > w:
+        raise ValueError(f"filter {fh}x{fw} does not fit the {h}x{w} image")
+    if bias.shape[0] != c_out:
+        raise ValueError(f"bias has {bias.shape[0]} entries but W has C_out={c_out}")
+    p = _pool_size(pool_size)
+    out_h, out_w = h - fh + 1, w - fw + 1
+    if out_h % p != 0:
+        raise ValueError(f"out_h = H - K + 1 = {out_h} is not divisible by pool_size={p}")
+    if out_w < p:
+        raise ValueError(f"pool_size={p} is larger than the conv output width out_w={out_w}")
+    return p
+
+
+def maxpool2d(y, pool_size):
+    """Max pool over the last two axes, window = stride = ``pool_size``, floor mode."""
+    p = _pool_size(pool_size)
+    if p == 1:
+        return y
+    *lead, h, w = y.shape
+    ph, pw = h // p, w // p
+    windows = y[..., : ph * p, : pw * p].reshape(*lead, ph, p, pw, p)
+    return windows.max(axis=(-3, -1))
+
+
+def _conv2d(x, w, bias, acc_dtype):
+    """Cross-correlation plus bias, every matmul and every sum carried out in ``acc_dtype``."""
+    x = np.ascontiguousarray(x, dtype=acc_dtype)
+    # (K, K, C_out, C_in): each tap matrix is contiguous, so matmul does not copy it.
+    taps = np.ascontiguousarray(np.moveaxis(np.asarray(w, dtype=acc_dtype), (2, 3), (0, 1)))
+    bias = np.asarray(bias, dtype=acc_dtype)
+    batch, c_in, h, width = x.shape
+    k, _, c_out, _ = taps.shape
+    out_h, out_w = h - k + 1, width - k + 1
+    out = np.empty((batch, c_out, out_h, out_w), dtype=acc_dtype)
+    product = np.empty((c_out, out_h * width), dtype=acc_dtype)
+    for b in range(batch):
+        acc = out[b]
+        acc[...] = 0
+        for di in range(k):
+            # Rows di .. di+out_h-1 of every channel, full width: a view, no copy.
+            rows = x[b, :, di : di + out_h, :].reshape(c_in, out_h * width)
+            for dj in range(k):
+                np.matmul(taps[di, dj], rows, out=product)
+                acc += product.reshape(c_out, out_h, width)[:, :, dj : dj + out_w]
+        acc += bias[:, None, None]
+    return out
+
+
+def conv2d_maxpool(X, W, bias, pool_size=1):
+    """Exact conv2d + bias + max pool, in float64, from the given (already rounded) inputs.
+
+    Accepts any float input dtype (float32, float16, ``ml_dtypes.bfloat16``, ...); products of
+    two inputs of at most fp32 precision are exact in float64, and the float64 sum's error
+    (about K * 2**-53 relative) is far below any output dtype's resolution.
+    Returns float64 of shape (B, C_out, out_h // pool_size, out_w // pool_size).
+    """
+    X, W, bias = np.asarray(X), np.asarray(W), np.asarray(bias)
+    p = _check_shapes(X, W, bias, pool_size)
+    return maxpool2d(_conv2d(X, W, bias, np.float64), p)
+
+
+def conv2d_maxpool_scale(X, W, bias, pool_size=1):
+    """Magnitude of the terms summed into each output: the exact model on ``|X|, |W|, |bias|``.
+
+    Each conv element becomes ``sum |x * w| + |bias|``; the max pool of those bounds the value
+    for whichever window element the kernel's max selects. This is the ``scale`` that
+    ``nkiverify.compare`` uses for the fp32 accumulation error, which grows with the sum of
+    magnitudes, not with the (possibly cancelled) result.
+    """
+    X, W, bias = np.asarray(X), np.asarray(W), np.asarray(bias)
+    p = _check_shapes(X, W, bias, pool_size)
+    return maxpool2d(_conv2d(np.abs(X), np.abs(W), np.abs(bias), np.float64), p)
+
+
+def conv2d_maxpool_baseline(X, W, bias, pool_size=1, dtype=None):
+    """conv2d + bias + max pool as correct hardware computes it.
+
+    Inputs are rounded to ``dtype`` (default: ``X.dtype``; round-to-nearest-even), then each
+    tap's matmul runs in float32 and the taps are summed in float32, as fp32 PSUM accumulation
+    does; the bias is added in float32; the pooled result is rounded to ``dtype``. The PE array
+    multiplies in at most fp32, so float64 inputs are rounded to float32 for the matmuls.
+    Returns an array of ``dtype``.
+    """
+    X, W, bias = np.asarray(X), np.asarray(W), np.asarray(bias)
+    p = _check_shapes(X, W, bias, pool_size)
+    dtype = np.dtype(X.dtype if dtype is None else dtype)
+    x, w, b = (a.astype(dtype).astype(np.float32) for a in (X, W, bias))
+    return maxpool2d(_conv2d(x, w, b, np.float32), p).astype(dtype)
