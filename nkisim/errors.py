@@ -71,7 +71,8 @@ ERRORS: dict[str, tuple[type[Exception], str]] = {
         "dimension"),
     "err_local_variable_used_out_of_scope": (
         NKISyntaxError, "Local variable '{name}' is referenced outside of its parent scope "
-        "(loop at line {line})"),
+        "(loop at line {line}); a tile allocated in a loop body lives for one iteration: "
+        "allocate it before the loop and update it with `{name}[...] = ...`"),
     "err_mutable_parameter_not_returned": (
         NKISyntaxError, "Mutable kernel parameter `{name}` not returned by `return` statement"),
     "err_nested_kernel_with_spmd_grid": (
@@ -104,8 +105,8 @@ ERRORS: dict[str, tuple[type[Exception], str]] = {
     "err_transpose_on_tensor_engine_not_allowed_in_allocated_kernel": (
         NKISyntaxError, "Transpose on tensor engine is not allowed in allocated NKI kernels"),
     "err_unexpected_output_dependencies": (
-        NKISyntaxError, "Unexpected output dependencies, different iterations of {loop} loop "
-        "write to `{name}{region}`"),
+        NKISyntaxError, "Unexpected output dependencies, different iterations of {loop} "
+        "write to `{name}{region}`{detail}"),
     "err_unsupported_expression_in_mask": (
         ValueError, "NKI mask expressions must be affine expressions of static loop indices"),
     "err_unsupported_memory": (
@@ -152,9 +153,9 @@ ERRORS: dict[str, tuple[type[Exception], str]] = {
         ValueError, "read of uninitialized memory: '{api}' at {where} reads `{name}{region}` "
         "({count} of {total} elements never written)"),
     "nkisim_loop_carried_dependency": (
-        ValueError, "loop-carried dependency in affine_range loop at {loop}: iteration {it} "
-        "reads `{name}{region}` written by iteration {other} ('{api}' at {where}); use "
-        "nl.sequential_range or give each iteration its own tile"),
+        ValueError, "loop-carried dependency in {loop}: '{api}' at {where} in {it} reads "
+        "`{name}{region}`, written by {other}; the iterations may run in any order on the "
+        "device: give each iteration its own tile or slice, or use nl.sequential_range"),
     "nkisim_unsupported": (NotImplementedError, "{what} is not supported by nkisim: {why}"),
     "nkisim_invalid_argument": (ValueError, "{api}: {why}"),
 }

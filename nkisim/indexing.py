@@ -36,6 +36,9 @@ class IndexExpr:
     def __getitem__(self, key):
         return IndexExpr(self.v[key])
 
+    def __setitem__(self, key, value):
+        raise nki_error("err_cannot_assign_to_index")
+
     def _bin(self, other, fn):
         o = other.v if isinstance(other, IndexExpr) else other
         if isinstance(other, MaskExpr) or isinstance(o, float):
@@ -97,6 +100,9 @@ class MaskExpr:
     def __invert__(self):
         return MaskExpr(~self.v)
 
+    def __setitem__(self, key, value):
+        raise nki_error("err_cannot_assign_to_index")
+
     def __bool__(self):
         raise nki_error("err_control_flow_condition_depending_on_arange")
 
@@ -111,6 +117,9 @@ def arange(*args):
 
 class _MGridResult(tuple):
     """The grids of ``nl.mgrid[...]``; unpackable, with ``.p``/``.x``/``.y`` attributes."""
+
+    def __setitem__(self, key, value):
+        raise nki_error("err_cannot_assign_to_index")
 
     @property
     def p(self):
@@ -190,12 +199,17 @@ def split_shape(shape) -> tuple[tuple, int]:
     return tuple(out), paxis
 
 
-def normalize_key(key, shape, name):
+def normalize_key(key, shape, name, oob=None):
     """Validate an index against ``shape``.
 
     Returns ``(kind, key)``: ``("basic", tuple of int/slice)`` or
     ``("advanced", tuple of int/int-array)``. ``None`` is not allowed (NKI has no newaxis on
     tensors).
+
+    With a list ``oob``, out-of-bound index *expressions* do not raise: a mask may keep the
+    access in bounds ("masks prevent OOB errors", ref §1.12). Their indices are clipped and
+    ``(bad elements, error fields)`` is appended to ``oob``; the op that uses the view raises
+    ``err_tensor_access_out_of_bound`` unless its mask excludes every bad element.
     """
     if not isinstance(key, tuple):
         key = (key,)
@@ -235,8 +249,11 @@ def normalize_key(key, shape, name):
             if v.size:
                 lo, hi = int(v.min()), int(v.max())
                 if lo < 0 or hi >= size:
-                    raise nki_error("err_tensor_access_out_of_bound", name=name, dim=dim,
-                                    lo=lo, hi=hi, size=size)
+                    fields = dict(name=name, dim=dim, lo=lo, hi=hi, size=size)
+                    if oob is None:
+                        raise nki_error("err_tensor_access_out_of_bound", **fields)
+                    oob.append(((v < 0) | (v >= size), fields))
+                    v = np.clip(v, 0, size - 1)
             out.append(v)
         elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
             k = int(k)

@@ -522,12 +522,13 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     """``stationary.T @ moving`` on the Tensor Engine; fp32 result in a PSUM tile."""
     run = context.current()
     api = "nc_matmul"
+    for p, t in (("stationary", stationary), ("moving", moving)):
+        if isinstance(t, Tensor) and t.root.buffer != "sbuf":      # inputs must be SBUF
+            raise nki_error("err_unsupported_memory", param=p, api=api, expected="sbuf",
+                            got=t.root.buffer)
     st = _tile(stationary, api, "stationary")
     mv = _tile(moving, api, "moving")
     for p, t in (("stationary", st), ("moving", mv)):
-        if t.root.buffer != "sbuf":
-            raise nki_error("err_unsupported_memory", param=p, api=api, expected="sbuf",
-                            got=t.root.buffer)
         if t.dtype not in _MATMUL_DTYPES:
             raise nki_error("nkisim_operand_dtype", param=p, api=api,
                             dtype=dtypes.name(t.dtype), allowed="float8_e4m3, float8_e5m2, "

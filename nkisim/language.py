@@ -320,10 +320,13 @@ def program_id(axis=0):
 
 
 def num_programs(axes=None):
+    """Programs along ``axes`` of the launch grid; without ``axes``, the total number of
+    programs (the 2.26 docstring: "If axes is not provided, returns the total number of
+    programs")."""
     run = context.current()
     grid = run.grid or (1,)
     if axes is None:
-        return grid if len(grid) > 1 else grid[0]
+        return math.prod(grid)
     if isinstance(axes, (tuple, list)):
         return tuple(grid[a] for a in axes)
     return grid[int(axes)]
@@ -518,7 +521,12 @@ def apply_binary(name, a, b):
     fn = _BINARY_FN[name]
     with np.errstate(all="ignore"):
         if _bitvec_op(name):
-            return fn(np.asarray(a).astype(np.int64), np.asarray(b).astype(np.int64))
+            a = np.asarray(a)
+            if name == "right_shift" and a.dtype.kind == "i":
+                # logical shift of the operand's bits (ref §1.10 ALU table: right_shift is
+                # logical, arithmetic shift right is not supported)
+                a = a.astype(np.dtype(f"u{a.dtype.itemsize}"))
+            return fn(a.astype(np.int64), np.asarray(b).astype(np.int64))
         return fn(a, b)
 
 
@@ -658,6 +666,10 @@ def _unary(name, x, dtype, mask):
         out = np.invert(v.astype(np.int64)) if v.dtype != np.bool_ else ~v
         engine = VECTOR
     else:
+        if run.allocated_kernel:
+            # nl.exp & co. are ScalarE `activation` instructions, which need an explicit bias
+            # tile in allocated kernels: use nisa.activation(..., bias=...) (ref §2.1)
+            raise nki_error("err_bias_tensor_must_be_specified_in_allocation")
         v = _tile_vals(t, name, run)
         out = apply_unary(name, v)
         engine = SCALAR
@@ -829,10 +841,18 @@ def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, **kwargs):
                         why="write `acc = nl.loop_reduce(x, op=..., loop_indices=[i])` with "
                             "`acc` a tile created before the loop")
     a = _tile_vals(t, "loop_reduce", run)
-    b = _tile_vals(prev, "loop_reduce", run)
+    # The destination is the accumulator itself, updated in place across the loop: an
+    # associative reduction, not a loop-carried dependency (ref §1.9), so no race check.
+    _tile(prev, "loop_reduce", "dst")
+    if prev._w is not None:
+        from . import checks
+        checks.check_read(run, prev, "loop_reduce", accumulate=True)
+    b = dtypes.to_f32(values(prev)).reshape(_tile_shape(prev))
     out = apply_binary(name, a, fit(b, a.shape))
-    return result_tile(run, a.shape, dtype or prev.dtype, out, "tensor_tensor", VECTOR,
-                       (t, prev), _detail(t, prev))
+    write(prev, fit(out, prev.shape), "loop_reduce", accumulate=True, run=run)
+    run.record("tensor_tensor", VECTOR, (region(t), region(prev)), (region(prev),),
+               dtypes.name(prev.dtype), _partitions(prev), _free(prev), _detail(t, prev))
+    return prev
 
 
 # ---------------------------------------------------------------------------------------------
@@ -856,6 +876,10 @@ def matmul(x, y, *, transpose_x=False, mask=None, **kwargs):
     """``x @ y`` (or ``x.T @ y``); lowers to ``nc_matmul(transpose(x), y)`` (ref §1.8)."""
     from . import isa
     run = context.current()
+    for p, t in (("x", x), ("y", y)):
+        if isinstance(t, Tensor) and t.root.buffer != "sbuf":     # x, y: SBUF (ref §1.8)
+            raise nki_error("err_unsupported_memory", param=p, api="matmul", expected="sbuf",
+                            got=t.root.buffer)
     xt = _tile(x, "matmul", "x")
     yt = _tile(y, "matmul", "y")
     if not transpose_x:

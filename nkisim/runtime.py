@@ -113,6 +113,8 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None) -> object:
     run = context.new_run(target=target, checks=checks_spec, kernel_name=k.__name__)
     k.last_run = run
     _LAST[0] = run
+    run.trace.compiler = {**getattr(k.func, "__nki_compiler__", {}),
+                          **k.options.get("compiler", {})}
     sig_names = list(inspect.signature(k.func).parameters)
     mutable = _mutable_params(k.func)
     context.push(run)
@@ -144,6 +146,8 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None) -> object:
         for pid in ids:
             run.program_ids = tuple(pid)
             run.shared_hbm_cursor = 0
+            if grid:       # each instance is an "iteration" of the grid for nkisim.checks
+                run.begin_program(run.program_ids, k.func)
             result = k.func(*wrapped, **kw)
         outs = _flatten(result)
         for name, t in mutables.items():

@@ -19,6 +19,7 @@ from __future__ import annotations
 import linecache
 import math
 import re
+import sys
 
 import numpy as np
 
@@ -85,7 +86,7 @@ class Allocation:
 
     __slots__ = ("id", "buffer", "name", "key", "ptr", "row_bytes", "p_base", "shadow", "param",
                  "mutable", "live", "pbytes", "banks", "loop", "file", "line", "direct",
-                 "dtype", "shape", "__weakref__")
+                 "dtype", "shape", "epoch", "hi", "__weakref__")
 
     def __init__(self, buffer, name, dtype, shape):
         self.buffer = buffer          # "hbm" | "sbuf" | "psum"
@@ -107,6 +108,8 @@ class Allocation:
         self.file = ""
         self.line = 0
         self.direct = False
+        self.epoch = 0                # epoch it was created in (nkisim.checks)
+        self.hi = 0                   # upper bound of the epochs in its shadow (nkisim.checks)
 
 
 _ids = iter(range(1, 1 << 62))
@@ -141,6 +144,7 @@ def _new_alloc(run, kind, name, dtype, shape, arr, file, line):
     a.id = next(_ids)
     a.file, a.line = file, line
     a.ptr = arr.__array_interface__["data"][0]
+    a.epoch = a.hi = run.epoch
     return a
 
 
@@ -223,7 +227,8 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray") ->
         if fill is not None:
             a.shadow.fill(run.epoch)
     t = Tensor(arr, a.shadow, a, dt, shape, paxis, None)
-    run.memory.allocate(a, t)
+    # an instruction's result tile is provisional: `dst[...] = op(...)` retargets it (memory.py)
+    run.memory.allocate(a, t, provisional=not api.startswith("nl."))
     return t
 
 
@@ -305,7 +310,7 @@ class Tensor:
     """An NKI tensor or a view of one (``nki.tensor`` in the real API)."""
 
     __slots__ = ("_arr", "_w", "root", "dtype", "shape", "paxis", "_idx", "_slots", "_producer",
-                 "_inplace", "_off", "__weakref__")
+                 "_inplace", "_off", "_oob", "_mask", "__weakref__")
     __array_priority__ = 1000
 
     def __init__(self, arr, shadow, root, dtype, shape, paxis, idx, off=0):
@@ -320,6 +325,8 @@ class Tensor:
         self._slots = None
         self._producer = None
         self._inplace = False
+        self._oob = None            # (out-of-bound elements, error fields): see normalize_key
+        self._mask = None           # the mask the last masked write of this view used
 
     # --- nki.tensor API (ref §1.2) ---
     @property
@@ -413,7 +420,8 @@ class Tensor:
         if self._idx is not None:
             raise nki_error("nkisim_unsupported", what="nested indexing of an indexed view",
                             why="index the tensor once (CS149: 'Do not use nested slicing')")
-        kind, k = normalize_key(key, self.shape, self.name)
+        oob = []
+        kind, k = normalize_key(key, self.shape, self.name, oob)
         if kind == "basic":
             src = self._arr
             arr = src[k]
@@ -429,11 +437,19 @@ class Tensor:
                 else:
                     paxis -= sum(1 for x in k[:paxis] if not isinstance(x, slice))
             return Tensor(arr, w, self.root, self.dtype, arr.shape, paxis, None, off)
-        shape = np.broadcast_shapes(*(np.shape(x) for x in k))
+        ishape = np.broadcast_shapes(*(np.shape(x) for x in k))
+        shape = ishape
         if len(k) < len(self.shape):
             shape = shape + self.shape[len(k):]
-        return Tensor(self._arr, self._w, self.root, self.dtype, shape,
-                      None if self.paxis is None else 0, k, self._off)
+        t = Tensor(self._arr, self._w, self.root, self.dtype, shape,
+                   None if self.paxis is None else 0, k, self._off)
+        if oob:
+            bad = np.zeros(ishape, bool)
+            for b, _ in oob:
+                bad |= np.broadcast_to(b, ishape)
+            bad = bad.reshape(ishape + (1,) * (len(shape) - len(ishape)))
+            t._oob = (np.broadcast_to(bad, shape), oob[0][1])
+        return t
 
     def _block_getitem(self, key):
         slots, blocks, nft, offs = self._slots
@@ -551,23 +567,90 @@ def values(t: Tensor) -> np.ndarray:
 
 
 def read(t: Tensor, api: str, run=None) -> np.ndarray:
-    """Values of an operand, after the uninitialized-read and loop-carried-dependency checks."""
+    """Values of an operand, after the uninitialized-read and loop-carried-dependency checks.
+
+    The checks only concern the elements the instruction's mask keeps (ref §1.12): masked-out
+    elements are neither read nor out of bounds.
+    """
+    if t._oob is not None:
+        _check_oob(t, _active_mask(t.shape))
     if t._w is not None:
         run = run or context.current()
-        checks.check_read(run, t, api)
+        try:
+            checks.check_read(run, t, api)
+        except ValueError as e:
+            if getattr(e, "nki_code", "") not in ("nkisim_uninitialized_read",
+                                                   "nkisim_loop_carried_dependency"):
+                raise
+            m = _active_mask(t.shape)
+            if m is None:
+                raise
+            checks.check_read(run, _masked_shadow_view(t, m, run), api)
     return values(t)
+
+
+def _check_oob(t: Tensor, mask) -> None:
+    """``err_tensor_access_out_of_bound`` unless ``mask`` excludes every out-of-bound element."""
+    bad, fields = t._oob
+    if mask is None or (bad & np.broadcast_to(mask, bad.shape)).any():
+        raise nki_error("err_tensor_access_out_of_bound", **fields)
+
+
+def _masked_shadow_view(t: Tensor, mask, run) -> Tensor:
+    """A view whose masked-out elements look freshly written, for the shadow checks."""
+    w = t._w if t._idx is None else t._w[t._idx]
+    w = np.where(np.broadcast_to(mask, w.shape), w, run.epoch)
+    return Tensor(None, w, t.root, t.dtype, w.shape, t.paxis, None, t._off)
+
+
+def _active_mask(shape):
+    """The ``mask=`` of the NKI call being executed, as the elements of a ``shape`` operand it
+    needs (None: no mask). Found on the stack: every public op takes ``mask``."""
+    f = sys._getframe(2)
+    while f is not None and f.f_code.co_filename.startswith(context._PKG_DIR):
+        m = f.f_locals.get("mask")
+        if m is not None:
+            m = getattr(m, "v", m)
+            if not isinstance(m, np.ndarray) or m.dtype != np.bool_:
+                return None
+            return _needed(m, tuple(shape))
+        f = f.f_back
+    return None
+
+
+def _needed(mask: np.ndarray, shape: tuple):
+    """Elements of an operand of ``shape`` that the instruction mask ``mask`` uses."""
+    ext = shape + (1,) * max(0, mask.ndim - len(shape))
+    try:
+        full = np.broadcast_shapes(ext, mask.shape)
+    except ValueError:
+        return None
+    m = np.broadcast_to(mask, full)
+    axes = tuple(i for i, (s, f) in enumerate(zip(ext, full)) if s == 1 and f != 1)
+    if axes:
+        m = m.any(axis=axes, keepdims=True)
+    return m.reshape(shape) if m.size == math.prod(shape) else None
 
 
 def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None) -> None:
     """Write engine results into a view, rounding to its dtype; stamp the shadow."""
     run = run or context.current()
     root = t.root
-    if root.param and not root.mutable:
+    if root.param and not root.mutable and "inputs" in run.checks:
         raise nki_error("err_cannot_update_immutable_parameter", name=root.name)
     if t._slots is not None:
         raise nki_error("err_failed_to_infer_tile_from_local_tensor", name=t.name)
+    if t._oob is not None:
+        _check_oob(t, mask)
+    if mask is not None:
+        t._mask = np.broadcast_to(mask, t.shape)
+    elif t._mask is not None:
+        t._mask = None
+    keep = False      # True: an accumulation keeps its group's first epoch (nkisim.checks)
     if t._w is not None:
-        checks.check_write(run, t, api, accumulate)
+        keep = checks.check_write(run, t if mask is None else _masked_shadow_view(t, t._mask,
+                                                                                 run),
+                                  api, accumulate)
     dt = t.dtype
     if dt == dtypes.TF32 or (dt.kind in "iub" and np.asarray(vals).dtype.kind == "f"):
         vals = dtypes.cast(vals, dt)
@@ -586,7 +669,7 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None) -
             else:
                 sel = tuple(np.broadcast_to(i, t.shape)[m] for i in _full_idx(idx, t))
                 t._arr[sel] = v[m]
-    if t._w is not None:
+    if t._w is not None and not keep:
         if mask is None:
             if idx is None:
                 t._w[...] = run.epoch
@@ -666,13 +749,15 @@ def assign(dst: Tensor, value) -> None:
         producer = value._producer
         if producer is not None and run.trace.instrs and run.trace.instrs[-1] is producer \
                 and value.root.buffer != "hbm":
-            # `dst[...] = nisa.op(...)`: the instruction writes straight into dst.
+            # `dst[...] = nisa.op(...)`: the instruction writes straight into dst (only the
+            # elements its mask computed, ref §1.12).
             vals = fit(values(value), dst.shape, value.shape)
+            m = None if value._mask is None else fit(value._mask, dst.shape, value.shape)
             if producer.op in ("nc_matmul", "nc_transpose") and dst.root.buffer == "sbuf" and \
                     producer.engine == "tensor":
                 raise nki_error("err_unsupported_memory", param="dst", api=producer.op,
                                 expected="psum", got="sbuf")
-            write(dst, vals, producer.op, run=run)
+            write(dst, vals, producer.op, run=run, mask=m)
             producer.writes = (region(dst),)
             producer.dtype = dtypes.name(dst.dtype)
             run.memory.release(value.root)
@@ -713,7 +798,9 @@ def inplace(t: Tensor, other, opname: str) -> Tensor:
                      f"PSUM accumulator `{t.name}` is {dtypes.name(t.dtype)}: matmul accumulates "
                      "in fp32 PSUM; keep accumulators float32 (CS149 forum) or every partial sum "
                      "is rounded")
-        acc = read(t, "nc_matmul (accumulate)", run).astype(np.float32)
+        if t._w is not None:     # the associative accumulation is exempt from race checks
+            checks.check_read(run, t, "nc_matmul (accumulate)", accumulate=True)
+        acc = values(t).astype(np.float32)
         acc = acc + fit(values(other), t.shape, other.shape)
         write(t, acc, "nc_matmul", accumulate=True, run=run)
         instr.writes = (region(t),)

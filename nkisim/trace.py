@@ -88,6 +88,9 @@ class Trace:
     target: str
     instrs: list = field(default_factory=list)
     kernel: str = ""
+    # compiler decorators on the kernel (nki.compiler.*), e.g. {"skip_middle_end_transformations":
+    # True}: without it the compiler may pipeline affine_range iterations (multi-buffering)
+    compiler: dict = field(default_factory=dict)
     # memory accounting filled by nkisim.memory: peak bytes per partition
     peak_sbuf_bytes: int = 0
     peak_psum_banks: int = 0

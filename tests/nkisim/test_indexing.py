@@ -1,0 +1,318 @@
+"""Indexing on nkisim: ints, slices, strided slices, nl.ds, arange/mgrid affine expressions, masks.
+
+Truth: NumPy indexing of the same arrays, and nki-reference §1.5 (basic vs advanced indexing,
+index expressions with broadcasting, the maxpool 5-D index example) and §1.12 (masks).
+"""
+
+import numpy as np
+import pytest
+
+from nkisim import isa as nisa
+from nkisim import language as nl
+from nkisim import nki
+
+RNG = np.random.default_rng(7)
+
+
+def hbm_out(shape, dtype=np.float32):
+    return nl.ndarray(shape, dtype=dtype, buffer=nl.shared_hbm)
+
+
+def a2d(p=16, f=24):
+    return np.arange(p * f, dtype=np.float32).reshape(p, f)
+
+
+def run_load(index_fn, a, out_shape):
+    """Load ``a[index_fn(a)]`` into SBUF and store it back to a fresh HBM tensor."""
+    @nki.jit
+    def kernel(a):
+        t = nl.load(index_fn(a))
+        assert t.shape == out_shape, t.shape
+        out = hbm_out(out_shape, a.dtype)
+        nl.store(out, t)
+        return out
+    return nki.simulate_kernel(kernel, a)
+
+
+# ---------------------------------------------------------------------------------------------
+# basic indexing
+
+
+@pytest.mark.parametrize("key,shape", [
+    ((slice(0, 16), slice(0, 24)), (16, 24)),
+    ((slice(3, 9), slice(5, 20)), (6, 15)),
+    ((slice(None), slice(4, None)), (16, 20)),
+    ((Ellipsis,), (16, 24)),
+    ((slice(0, 16), slice(0, 24, 2)), (16, 12)),      # strided 0:n:2
+    ((slice(2, 16, 3), slice(1, 24, 5)), (5, 5)),
+    ((slice(0, 16), 5), (16,)),                         # int index drops the free dim
+])
+def test_basic_indexing_matches_numpy(key, shape):
+    a = a2d()
+    out = run_load(lambda t: t[key], a, shape if len(shape) == 2 else (shape[0], 1))
+    np.testing.assert_array_equal(out, a[key].reshape(out.shape))
+
+
+def test_integer_index_on_leading_dim_gives_a_tile():
+    a = np.arange(3 * 8 * 5, dtype=np.float32).reshape(3, 8, 5)
+    out = run_load(lambda t: t[1], a, (8, 5))
+    np.testing.assert_array_equal(out, a[1])
+    out = run_load(lambda t: t[2, :, 1:4], a, (8, 3))
+    np.testing.assert_array_equal(out, a[2, :, 1:4])
+
+
+def test_ds_with_loop_variables():
+    a = a2d(16, 32)
+
+    @nki.jit
+    def kernel(a):
+        out = hbm_out((16, 32))
+        for i in nl.affine_range(2):
+            for j in nl.affine_range(4):
+                t = nl.load(a[nl.ds(i * 8, 8), nl.ds(j * 8, 8)])
+                assert t.shape == (8, 8)
+                nl.store(out[nl.ds(i * 8, 8), nl.ds(j * 8, 8)], nl.add(t, 1.0))
+        return out
+
+    np.testing.assert_array_equal(nki.simulate_kernel(kernel, a), a + 1)
+
+
+def test_ds_equals_slice():
+    d = nl.ds(5, 3)
+    assert d.as_slice() == slice(5, 8, 1)
+
+
+def test_slicing_sbuf_tile_views_write_through():
+    a = a2d(8, 8)
+
+    @nki.jit
+    def kernel(a):
+        t = nl.load(a)
+        t[0:4, 0:8:2] = nl.multiply(t[0:4, 0:8:2], -1.0)
+        out = hbm_out((8, 8))
+        nl.store(out, t)
+        return out
+
+    ref = a.copy()
+    ref[0:4, 0:8:2] *= -1
+    np.testing.assert_array_equal(nki.simulate_kernel(kernel, a), ref)
+
+
+def test_fewer_indices_than_dims_keeps_trailing_dims():
+    a = np.arange(2 * 4 * 6, dtype=np.float32).reshape(2, 4, 6)
+    out = run_load(lambda t: t[1, 0:3], a, (3, 6))
+    np.testing.assert_array_equal(out, a[1, 0:3])
+
+
+# ---------------------------------------------------------------------------------------------
+# advanced indexing: affine index expressions
+
+
+def test_arange_index_expressions_even_and_odd_columns():
+    a = a2d(16, 24)
+
+    @nki.jit
+    def kernel(a):
+        i_p = nl.arange(16)[:, None]
+        i_f = nl.arange(12)[None, :]
+        even = nl.load(a[i_p, 2 * i_f])
+        odd = nl.load(a[i_p, 2 * i_f + 1])
+        assert even.shape == odd.shape == (16, 12)
+        o1, o2 = hbm_out((16, 12)), hbm_out((16, 12))
+        nl.store(o1[i_p, i_f], even)
+        nl.store(o2, odd)
+        return o1, o2
+
+    even, odd = nki.simulate_kernel(kernel, a)
+    np.testing.assert_array_equal(even, a[:, 0::2])
+    np.testing.assert_array_equal(odd, a[:, 1::2])
+
+
+def test_arange_with_start_and_loop_variable_offsets():
+    a = a2d(16, 24)
+
+    @nki.jit
+    def kernel(a):
+        out = hbm_out((16, 24))
+        i_p = nl.arange(8)[:, None]
+        i_f = nl.arange(2, 8)[None, :]        # arange(start, stop)
+        for k in nl.affine_range(2):
+            for c in nl.affine_range(4):
+                t = nl.load(a[k * 8 + i_p, c * 6 + i_f - 2])
+                nl.store(out[k * 8 + i_p, c * 6 + i_f - 2], t)
+        return out
+
+    np.testing.assert_array_equal(nki.simulate_kernel(kernel, a), a)
+
+
+def test_mgrid_unpack_and_attributes():
+    a = a2d(16, 24)
+
+    @nki.jit
+    def kernel(a):
+        i_p, i_f = nl.mgrid[0:16, 0:8]
+        g = nl.mgrid[0:16, 0:8]
+        t1 = nl.load(a[i_p, i_f + 8])
+        t2 = nl.load(a[g.p, g.x + 16])
+        o1, o2 = hbm_out((16, 8)), hbm_out((16, 8))
+        nl.store(o1, t1)
+        nl.store(o2, t2)
+        return o1, o2
+
+    t1, t2 = nki.simulate_kernel(kernel, a)
+    np.testing.assert_array_equal(t1, a[:, 8:16])
+    np.testing.assert_array_equal(t2, a[:, 16:24])
+
+
+def test_mgrid_matches_numpy_mgrid_and_y_attribute():
+    g = nl.mgrid[0:2, 1:4, 0:6:2]
+    ref = np.mgrid[0:2, 1:4, 0:6:2]
+    for i in range(3):
+        np.testing.assert_array_equal(g[i].v, ref[i])
+    np.testing.assert_array_equal(g.y.v, ref[2])
+
+
+def test_f1_f2_transpose_with_three_index_arrays_on_2d_tile():
+    # out[i_p0, i_f2*sz_f1 + i_f1] = copy(in[i_p0, i_f1*sz_f2 + i_f2])   (ref §1.5)
+    sz_p, sz_f1, sz_f2 = 8, 3, 5
+    a = np.arange(sz_p * sz_f1 * sz_f2, dtype=np.float32).reshape(sz_p, sz_f1 * sz_f2)
+
+    @nki.jit
+    def kernel(a):
+        i_p0 = nl.arange(sz_p)[:, None, None]
+        i_f1 = nl.arange(sz_f1)[None, :, None]
+        i_f2 = nl.arange(sz_f2)[None, None, :]
+        in_tile = nl.load(a)
+        out_tile = nl.ndarray((sz_p, sz_f2 * sz_f1), dtype=a.dtype)
+        out_tile[i_p0, i_f2 * sz_f1 + i_f1] = nl.copy(in_tile[i_p0, i_f1 * sz_f2 + i_f2])
+        out = hbm_out((sz_p, sz_f2 * sz_f1))
+        nl.store(out, out_tile)
+        return out
+
+    ref = a.reshape(sz_p, sz_f1, sz_f2).transpose(0, 2, 1).reshape(sz_p, -1)
+    np.testing.assert_array_equal(nki.simulate_kernel(kernel, a), ref)
+
+
+@pytest.mark.parametrize("pool", [2, 3])
+def test_maxpool_five_d_index_on_three_d_tile(pool):
+    # the official example: nl.max(in_tile[i_0, P*i_1+i_2, P*i_3+i_4], axis=[2, 4])
+    C, H, W = 16, 3 * pool, 4 * pool
+    x = RNG.standard_normal((C, H, W)).astype(np.float32)
+
+    @nki.jit
+    def kernel(x):
+        in_tile = nl.load(x)
+        i_0 = nl.arange(C)[:, None, None, None, None]
+        i_1 = nl.arange(H // pool)[None, :, None, None, None]
+        i_2 = nl.arange(pool)[None, None, :, None, None]
+        i_3 = nl.arange(W // pool)[None, None, None, :, None]
+        i_4 = nl.arange(pool)[None, None, None, None, :]
+        out_tile = nl.max(in_tile[i_0, pool * i_1 + i_2, pool * i_3 + i_4], axis=[2, 4])
+        assert out_tile.shape == (C, H // pool, W // pool)
+        out = hbm_out((C, H // pool, W // pool))
+        nl.store(out, out_tile)
+        return out
+
+    ref = x.reshape(C, H // pool, pool, W // pool, pool).max(axis=(2, 4))
+    np.testing.assert_array_equal(nki.simulate_kernel(kernel, x), ref)
+
+
+def test_index_expression_arithmetic():
+    i = nl.arange(4)[:, None]
+    j = nl.arange(3)[None, :]
+    e = 3 * i - j + 2
+    np.testing.assert_array_equal(e.v, 3 * np.arange(4)[:, None] - np.arange(3)[None, :] + 2)
+    assert e.shape == (4, 3)
+    np.testing.assert_array_equal((i * 2 + 1 - 1).v, np.arange(4)[:, None] * 2)
+    np.testing.assert_array_equal((-i).v, -np.arange(4)[:, None])
+
+
+def test_program_id_in_index_expression():
+    a = a2d(16, 8)
+
+    @nki.jit
+    def kernel(a):
+        out = nl.ndarray((16, 8), dtype=a.dtype, buffer=nl.shared_hbm)
+        pid = nl.program_id(0)
+        i_p, i_f = nl.mgrid[0:4, 0:8]
+        t = nl.load(a[pid * 4 + i_p, i_f])
+        nl.store(out[pid * 4 + i_p, i_f], nl.add(t, pid))
+        return out
+
+    ref = a + np.repeat(np.arange(4), 4)[:, None]
+    np.testing.assert_array_equal(nki.simulate_kernel(kernel[4], a), ref)
+
+
+# ---------------------------------------------------------------------------------------------
+# masks (ref §1.12)
+
+
+def test_mask_on_store_limits_the_region():
+    # store of a [0:16, 0:16] index range into an [8, 12] tensor is legal with a mask that keeps
+    # the access in bounds (ref §1.12: "masks prevent OOB errors")
+    a = RNG.standard_normal((16, 16)).astype(np.float32)
+
+    @nki.jit
+    def kernel(a):
+        out = nl.ndarray((8, 12), dtype=a.dtype, buffer=nl.shared_hbm)
+        i_p, i_f = nl.mgrid[0:16, 0:16]
+        t = nl.load(a[i_p, i_f])
+        nl.store(out[i_p, i_f], t, mask=(i_p < 8) & (i_f < 12))
+        return out
+
+    np.testing.assert_array_equal(nki.simulate_kernel(kernel, a), a[:8, :12])
+
+
+def test_mask_on_compute_leaves_masked_out_elements_untouched():
+    a = RNG.standard_normal((8, 8)).astype(np.float32)
+
+    @nki.jit
+    def kernel(a):
+        i_p = nl.arange(8)[:, None]
+        i_f = nl.arange(8)[None, :]
+        t = nl.load(a)
+        res = nl.ndarray((8, 8), dtype=nl.float32)
+        res[...] = t
+        res[i_p, i_f] = nl.exp(t, mask=(i_p < 4) & (i_f >= 2))
+        out = hbm_out((8, 8))
+        nl.store(out, res)
+        return out
+
+    out = nki.simulate_kernel(kernel, a)
+    ref = a.copy()
+    ref[:4, 2:] = np.exp(a[:4, 2:])
+    np.testing.assert_allclose(out, ref, rtol=1e-6)
+
+
+def test_mask_with_loop_variable_tail():
+    # the classic tail mask: last tile of a length-20 dim processed in tiles of 8
+    a = RNG.standard_normal((20, 4)).astype(np.float32)
+
+    @nki.jit
+    def kernel(a):
+        out = nl.ndarray((20, 4), dtype=a.dtype, buffer=nl.shared_hbm)
+        i_p, i_f = nl.mgrid[0:8, 0:4]
+        for t in nl.affine_range(3):
+            tile = nl.load(a[t * 8 + i_p, i_f], mask=(t * 8 + i_p < 20))
+            nl.store(out[t * 8 + i_p, i_f], nl.multiply(tile, 2.0, mask=(t * 8 + i_p < 20)),
+                     mask=(t * 8 + i_p < 20))
+        return out
+
+    np.testing.assert_array_equal(nki.simulate_kernel(kernel, a), 2 * a)
+
+
+def test_affine_select_with_mgrid_predicate():
+    a = RNG.standard_normal((8, 8)).astype(np.float32)
+
+    @nki.jit
+    def kernel(a):
+        ix, iy = nl.mgrid[0:8, 0:8]
+        t = nl.load(a)
+        r = nisa.affine_select(pred=(iy < ix), on_true_tile=t, on_false_value=nl.fp32.min)
+        out = hbm_out((8, 8))
+        nl.store(out, r)
+        return out
+
+    out = nki.simulate_kernel(kernel, a)
+    ref = np.where(np.tril(np.ones((8, 8), bool), -1), a, np.finfo(np.float32).min)
+    np.testing.assert_array_equal(out, ref)
