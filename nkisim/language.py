@@ -84,8 +84,15 @@ class _FloatConst:
         self.min, self.max = minv, maxv
 
 
-fp32 = _FloatConst(float(np.finfo(np.float32).min), float(np.finfo(np.float32).max))
-bfp16 = _FloatConst(float(ml_dtypes.finfo(dtypes.bfloat16).min),
+def _from_bits(bits, dtype):
+    return float(np.array([bits], dtype=np.uint32 if dtype == np.float32 else np.uint16)
+                 .view(dtype)[0])
+
+
+# ref §1.3: nl.fp32.min is the bit pattern 0xff7fffff (most negative finite fp32) and
+# nl.bfp16.min is 0xff80, which in bf16 is -inf (the spec's bit pattern, kept as given).
+fp32 = _FloatConst(_from_bits(0xFF7FFFFF, np.float32), float(np.finfo(np.float32).max))
+bfp16 = _FloatConst(_from_bits(0xFF80, dtypes.bfloat16),
                     float(ml_dtypes.finfo(dtypes.bfloat16).max))
 
 
