@@ -1,160 +1,337 @@
 """Checks the real simulator lacks: uninitialized reads, races between ``affine_range``
-iterations, outputs never written (ref §1.5, §1.9, §2.1, §4.3).
+iterations and SPMD instances, tiles used out of scope, outputs never written (ref §1.5, §1.9,
+§1.11, §2.1, §4.3).
 
-They read the per-element shadow of every tensor: the epoch of its last write (``nkisim.context``).
+They read the per-element shadow of every tensor: the epoch of its last write (``nkisim.context``;
+0 = never written). Each check can be turned off (``NKISIM_CHECKS=-races``, ``checks=``); see
+``nkisim.context.ALL_CHECKS``.
 
-- **Uninitialized read**: an operand element whose shadow is 0 was never written.
-- **Loop-carried dependency**: an iteration of an ``affine_range`` loop reads an element written
-  by another iteration of the same loop activation. ``affine_range`` promises independent
-  iterations, so on the device such a kernel may compute garbage (aws-neuron-sdk #1051).
-- **Output dependency** (``err_unexpected_output_dependencies``): two iterations of one
-  ``affine_range`` loop write the same element.
-- Both exempt the associative PSUM accumulation ``psum += nisa.nc_matmul(...)`` (ref §1.9, §1.11),
-  and ``sequential_range``/``static_range`` loops.
-- **Outputs not written** (``err_tensor_output_not_written_to``): every returned HBM tensor must be
-  fully written when the kernel returns.
+- **uninit** (``nkisim_uninitialized_read``): an operand element whose shadow is 0 was never
+  written. nkisim poisons new memory (NaN), the device returns whatever the SBUF held.
+- **races**. ``affine_range`` promises independent iterations (ref §1.9): the compiler may
+  reorder and pipeline them, so a real dependency computes garbage on the device while the
+  eager simulator computes it in order (aws-neuron-sdk #1051, ref §4.3).
 
-Each check can be turned off (``NKISIM_CHECKS=-races``); see ``nkisim.context.ALL_CHECKS``.
+  - *loop-carried dependency* (``nkisim_loop_carried_dependency``): an iteration reads an element
+    written by another iteration of the same ``affine_range`` loop activation.
+  - *output dependency* (``err_unexpected_output_dependencies``, ref §1.5): two iterations write
+    the same element (``a[0] = ...`` in the loop body).
+  - ``psum += nisa.nc_matmul(...)`` is the associative accumulation the compiler allows (ref
+    §1.9, §1.11): exempt. An element accumulated by several iterations keeps the epoch of the
+    iteration that started its accumulation group, so *reading* the accumulator inside the loop
+    (a partial sum) is still a loop-carried dependency, while reading it after the loop is fine.
+  - ``sequential_range``/``static_range`` loops order their iterations: exempt. Loops that run
+    one after the other, and code before/after a loop, are ordered by program order.
+  - SPMD (``kernel[grid](...)``): program instances are checked like iterations of an
+    ``affine_range`` over the program ids; the real front end raises
+    ``err_unexpected_output_dependencies`` for "affine_range/SPMD" alike (ref §1.5). Writing the
+    same ``shared_hbm`` location from two instances is flagged; so is an instance reading what
+    another wrote (the instances run concurrently on different NeuronCores).
+
+  Rule: with the loop's current activation starting at epoch ``f`` and its current iteration at
+  epoch ``e``, every epoch in ``[f, e)`` belongs to an earlier iteration of it (ids grow
+  monotonically). An access races iff a touched element's epoch falls in ``[f, e)`` of an active
+  parallel loop: a range test on the min/max of the shadow, element-wise only when the ranges
+  overlap. Tiles allocated inside the current iteration (the common case) need no test.
+- **scope** (``err_local_variable_used_out_of_scope``): a tile allocated in a loop body used after
+  that iteration ended (outside the loop, or by the next iteration through a Python variable, as
+  in ``acc = nl.add(acc, x)``; the real front end traces the body once, ref §1.9).
+- **outputs** (``err_tensor_output_not_written_to``): every returned HBM tensor must be fully
+  written when the kernel returns (the handout's FREE_DIM=1000 at n=25600 runs zero iterations).
 """
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
-from .context import where
-from .errors import nki_error
+from .context import caller_location, where
+from .errors import nki_error, shape_str
+
+# ---------------------------------------------------------------------------------------------
+# regions in messages
+
+
+def _bbox(coords) -> str:
+    """``[lo:hi, lo:hi]`` bounding box of index arrays (one per axis)."""
+    if not coords or not coords[0].size:
+        return ""
+    return "[" + ", ".join(f"{int(a.min())}:{int(a.max()) + 1}" for a in coords) + "]"
 
 
 def region_str(mask: np.ndarray) -> str:
-    """``[lo:hi, lo:hi]`` bounding box of the True elements of ``mask``."""
+    """Bounding box of the True elements of ``mask`` in its own coordinates."""
     if mask.ndim == 0:
         return ""
+    return _bbox(np.nonzero(mask))
+
+
+def _root_coords(t, mask):
+    """Indices in the *tensor's* coordinates (its root shadow) of the True elements of ``mask``,
+    a boolean array over the view ``t``; None when the view cannot be mapped back."""
+    root_w = t.root.shadow
+    w = t._w
+    if root_w is None or w is None or not root_w.flags.c_contiguous or \
+            not np.may_share_memory(w, root_w):
+        return None                 # e.g. a masked copy of the shadow
     nz = np.nonzero(mask)
-    if not nz[0].size:
-        return ""
-    return "[" + ", ".join(f"{int(a.min())}:{int(a.max()) + 1}" for a in nz) + "]"
+    if t._idx is not None:
+        # advanced index: coordinates in the indexed (base) view, then as for a basic view
+        idx = t._idx
+        bshape = np.broadcast_shapes(*(np.shape(i) for i in idx))
+        nb = len(bshape)
+        base = [np.broadcast_to(i, bshape)[nz[:nb]] for i in idx]
+        base += list(nz[nb:])
+        nz = tuple(base)
+    item = root_w.itemsize
+    off = w.__array_interface__["data"][0] - root_w.__array_interface__["data"][0]
+    if off % item or len(nz) != w.ndim:
+        return None
+    flat = np.full(nz[0].shape if nz else (), off // item, dtype=np.int64)
+    for k, st in zip(nz, w.strides):
+        if st % item:
+            return None
+        flat = flat + k.astype(np.int64) * (st // item)
+    if flat.size and (flat.min() < 0 or flat.max() >= root_w.size):
+        return None
+    return np.unravel_index(flat, root_w.shape)
+
+
+def tensor_region(t, mask) -> str:
+    """``name[lo:hi, ...]`` of the True elements of ``mask`` (over view ``t``), in the tensor's
+    own coordinates when possible."""
+    coords = _root_coords(t, mask)
+    if coords is None:
+        return f"{t.name}{region_str(mask)}"
+    return f"{t.name}{_bbox(coords)}"
 
 
 def _shadow(t):
     return t._w if t._idx is None else t._w[t._idx]
 
 
-def check_read(run, t, api: str) -> None:
-    w = _shadow(t)
+# ---------------------------------------------------------------------------------------------
+# loops
+
+
+def _parallel_loops(run):
+    """The active loops whose iterations are unordered: the SPMD grid, then ``affine_range``
+    loops, outermost first."""
+    loops = [lp for lp in run.loops if lp.kind == "affine"]
+    if run.spmd is not None:
+        loops.insert(0, run.spmd)
+    return loops
+
+
+def _iteration_of(run, epoch: int, loop) -> object:
+    """The iteration of ``loop`` in which ``epoch`` ran (walks the epoch's parent chain)."""
+    epochs = run.epochs
+    e = epoch
+    while e:
+        parent, loop_id, _kind, it = epochs[e]
+        if loop_id == loop.id:
+            return it
+        e = parent
+    return "?"
+
+
+_FOR_RE = re.compile(r"^\s*for\s+([A-Za-z_]\w*)\s+in\b")
+
+
+def loop_name(loop) -> str:
+    """``the `i` loop (affine_range at k.py:12)`` for messages."""
+    if loop.kind == "spmd":
+        return f"the SPMD grid (program instances of the kernel at {where(loop.file, loop.line)})"
+    var = ""
+    if loop.file:
+        import linecache
+        m = _FOR_RE.match(linecache.getline(loop.file, loop.line))
+        if m:
+            var = f"`{m.group(1)}` "
+    return f"the {var}loop ({loop.kind}_range at {where(loop.file, loop.line)})"
+
+
+def _iter_str(loop, it) -> str:
+    return f"program id {it}" if loop.kind == "spmd" else f"iteration {it}"
+
+
+def _find_race(run, w, lo, pl):
+    """(loop, writer epoch) of the first parallel loop in ``pl`` (outermost first) such that
+    some epoch in ``w`` lies in ``[loop.first_epoch, loop.epoch)``; None when there is none."""
+    hi = None
+    for lp in pl:
+        f, e = lp.first_epoch, lp.epoch
+        if lo >= e:
+            continue
+        if hi is None:
+            hi = int(w.max())
+        if hi < f:
+            return None             # inner loops start later still
+        if lo >= f and hi < e:
+            return lp, hi
+        sel = w[(w >= f) & (w < e)]
+        if sel.size:
+            return lp, int(sel.max())
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# reads and writes (called by nkisim.tensor.read/write for tensors with a shadow)
+
+
+def _scope_error(run, t):
+    root = t.root
+    lp = root.loop
+    line = where(lp.file, lp.line) if lp is not None else "?"
+    return nki_error("err_local_variable_used_out_of_scope", name=root.name, line=line)
+
+
+def _racy_loops(run, root):
+    """The active parallel loops whose earlier iterations may have written ``root``.
+
+    Every epoch in ``root``'s shadow is 0 or lies in ``[root.epoch, root.hi]`` (a tensor is
+    written in the context that created it or in loops started later), so only loops whose
+    ``[first_epoch, epoch)`` meets that interval need an element-wise look.
+    """
+    if run.epoch == 1 or "races" not in run.checks:
+        return ()
+    a, h = root.epoch, root.hi
+    return [lp for lp in _parallel_loops(run) if a < lp.epoch and h >= lp.first_epoch]
+
+
+def _check_initialized(run, t, w, api) -> None:
+    """``nkisim_uninitialized_read`` if an element of the view was never written.
+
+    Once the whole tensor is known to be written (``root.full``) reads cost nothing; the whole
+    tensor is re-examined at most once per new write, and only for views that are not a tiny
+    part of it.
+    """
+    root = t.root
+    if root.full is True:
+        return
+    shadow = root.shadow
+    if root.full != root.gen and shadow is not None and 16 * w.size >= shadow.size:
+        if shadow.min() > 0:
+            root.full = True
+            return
+        root.full = root.gen
+    if w.min() > 0:
+        return
+    unwritten = w == 0
+    file, line = caller_location()
+    raise nki_error("nkisim_uninitialized_read", api=api, where=where(file, line),
+                    name=t.name, region=_strip_name(tensor_region(t, unwritten), t),
+                    count=int(unwritten.sum()), total=int(w.size))
+
+
+def check_read(run, t, api: str, accumulate: bool = False) -> None:
+    """Before an instruction reads view ``t``: uninitialized elements, out-of-scope tiles and
+    loop-carried dependencies (not for the ``+=`` matmul accumulation: ``accumulate``)."""
+    root = t.root
+    if root.live is None and "scope" in run.checks:
+        raise _scope_error(run, t)
+    racy = () if accumulate else _racy_loops(run, root)
+    w = t._w if t._idx is None else t._w[t._idx]
     if not w.size:
+        return
+    if not racy:
+        if "uninit" in run.checks:
+            _check_initialized(run, t, w, api)
         return
     lo = int(w.min())
     if lo >= run.epoch:
         return                                  # written in this iteration (or nested loops)
     if lo == 0 and "uninit" in run.checks:
-        unwritten = w == 0
-        file, line = run_location()
-        raise nki_error("nkisim_uninitialized_read", api=api, where=where(file, line),
-                        name=t.name, region=region_str(unwritten),
-                        count=int(unwritten.sum()), total=int(w.size))
-    if "races" in run.checks and run.loops:
-        hi = int(w.max())
-        epochs = (lo,) if lo == hi else np.unique(w[w < run.epoch])
-        for e in epochs:
-            e = int(e)
-            if e == 0:
-                continue
-            loop = race_loop(run, e, run.epoch)
-            if loop is not None:
-                file, line = run_location()
-                bad = w == e
-                raise nki_error("nkisim_loop_carried_dependency", loop=where(loop.file, loop.line),
-                                it=loop.iteration, name=t.name, region=region_str(bad),
-                                other=run.epochs[_child_of(run, e, loop.id)][3], api=api,
-                                where=where(file, line))
-
-
-def check_write(run, t, api: str, accumulate: bool) -> None:
-    if accumulate or "races" not in run.checks or not run.loops:
+        _check_initialized(run, t, w, api)
+    hit = _find_race(run, w, lo, racy)
+    if hit is None:
         return
+    lp, e = hit
+    file, line = caller_location()
+    raise nki_error("nkisim_loop_carried_dependency", loop=loop_name(lp),
+                    it=_iter_str(lp, lp.iteration), name=t.name,
+                    region=_strip_name(tensor_region(t, w == e), t),
+                    other=_iter_str(lp, _iteration_of(run, e, lp)), api=api,
+                    where=where(file, line))
+
+
+def check_write(run, t, api: str, accumulate: bool) -> bool:
+    """Before an instruction writes view ``t``: output dependencies between iterations of a
+    parallel loop, writes to out-of-scope tiles. Returns True when the write must *not* restamp
+    the shadow (an accumulation onto a group started by an earlier iteration, see module doc)."""
+    root = t.root
+    if root.live is None and "scope" in run.checks:
+        raise _scope_error(run, t)
+    root.gen += 1
+    if root.full is not True and t._arr is not None and t._idx is None and \
+            root.shadow is not None and t._w.size == root.shadow.size:
+        root.full = True                        # the write covers the whole tensor
+    racy = _racy_loops(run, root)
+    if not racy:
+        _bump(root, run.epoch)
+        return False
     w = _shadow(t)
     if not w.size:
-        return
+        return False
     lo = int(w.min())
     if lo >= run.epoch:
-        return
-    cand = w[(w > 0) & (w < run.epoch)]
-    if not cand.size:
-        return
-    lo, hi = int(cand.min()), int(cand.max())
-    epochs = (lo,) if lo == hi else np.unique(cand)
-    for e in epochs:
-        loop = race_loop(run, int(e), run.epoch)
-        if loop is not None:
-            raise nki_error("err_unexpected_output_dependencies",
-                            loop=f"the affine_range ({where(loop.file, loop.line)})",
-                            name=t.name, region=region_str(w == int(e)))
+        _bump(root, run.epoch)
+        return False
+    hit = _find_race(run, w, lo, racy)
+    if hit is None:
+        _bump(root, run.epoch)
+        return False
+    if accumulate:
+        return True                             # keep the group's first epoch (module doc)
+    lp, e = hit
+    file, line = caller_location()
+    raise nki_error("err_unexpected_output_dependencies", loop=loop_name(lp),
+                    name=t.name, region=_strip_name(tensor_region(t, w == e), t),
+                    detail=f": {_iter_str(lp, lp.iteration)} ('{api}' at {where(file, line)}) "
+                           f"writes what {_iter_str(lp, _iteration_of(run, e, lp))} wrote; "
+                           + ("offset the destination by nl.program_id" if lp.kind == "spmd"
+                              else "index the destination with the loop variable, or use "
+                                   "nl.sequential_range if the order matters"))
 
 
-def _chain(run, e):
-    out = []
-    epochs = run.epochs
-    while e:
-        out.append(e)
-        e = epochs[e][0]
-    return out
+def _bump(root, epoch) -> None:
+    """Keep ``root.hi`` an upper bound of the epochs in the tensor's shadow."""
+    if root.hi < epoch:
+        root.hi = epoch
 
 
-def _child_of(run, e, loop_id):
-    for x in _chain(run, e):
-        if run.epochs[x][1] == loop_id:
-            return x
-    return e
+def _strip_name(s: str, t) -> str:
+    return s[len(t.name):] if s.startswith(t.name) else s
 
 
-def race_loop(run, writer: int, reader: int):
-    """The active affine loop whose different iterations wrote ``writer`` and run ``reader``.
-
-    None when the two accesses are ordered: one context encloses the other, or they sit in
-    different loops (program order), or the loop they share is sequential/static.
-    """
-    rc = _chain(run, reader)
-    if writer in rc:
-        return None
-    rset = set(rc)
-    wc = _chain(run, writer)
-    prev = None
-    for x in wc:
-        if x in rset:
-            if prev is None:
-                return None
-            # prev: writer-side child of the common context x; find the reader-side child
-            i = rc.index(x)
-            if i == 0:
-                return None       # reader runs in x itself, after the nested loop finished
-            rchild = rc[i - 1]
-            wl, rl = run.epochs[prev], run.epochs[rchild]
-            if wl[1] == rl[1] and wl[2] == "affine" and wl[3] != rl[3]:
-                for lp in run.loops:
-                    if lp.id == wl[1]:
-                        return lp
-            return None
-        prev = x
-    return None
+# ---------------------------------------------------------------------------------------------
+# outputs
 
 
 def check_outputs(run, outputs) -> None:
     """``err_tensor_output_not_written_to`` for any returned HBM tensor not fully written."""
+    if run.memory is not None and run.memory.pending is not None:
+        run.memory.commit()
     if "outputs" not in run.checks:
         return
     for t in outputs:
         if t._w is None or t.root.param:
             continue
-        w = t._w if t._idx is None else t._w[t._idx]
+        w = _shadow(t)
         unwritten = w == 0
-        if unwritten.any():
-            from .errors import shape_str
-            n = int(unwritten.sum())
-            raise nki_error("err_tensor_output_not_written_to", name=t.name,
-                            region=f"{n} of {w.size} elements, region {region_str(unwritten)}",
-                            shape=shape_str(t.shape))
+        if not unwritten.any():
+            continue
+        n = int(unwritten.sum())
+        coords = _root_coords(t, unwritten)
+        root_shape = t.root.shadow.shape if t.root.shadow is not None else t.shape
+        if coords is not None:
+            region, shape = _bbox(coords), shape_str(root_shape)
+            if tuple(root_shape) != tuple(t.shape):
+                shape += f" (returned as {shape_str(t.shape)})"
+        else:
+            region, shape = region_str(unwritten), shape_str(t.shape)
+        desc = f"{n} of {w.size} elements" if n < w.size else f"all {n} elements"
+        raise nki_error("err_tensor_output_not_written_to", name=t.name,
+                        region=f"{desc} (region {region})", shape=shape)
 
-
-def run_location():
-    from .context import caller_location
-    return caller_location()

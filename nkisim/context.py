@@ -10,6 +10,13 @@ epoch 1. Each tensor element remembers the epoch of its last write (its *shadow*
 epoch with the reader's tells whether two iterations of one ``affine_range`` loop touch the same
 element (race checks, ``nkisim.checks``). Ids grow monotonically, so everything written since the
 current iteration began has an epoch >= the current one: the common case is a single comparison.
+
+SPMD. ``kernel[g0, g1](...)`` runs its program instances one after the other; each instance gets
+its own epoch under a pseudo-loop of kind ``"spmd"``, so the race rules treat the grid like an
+``affine_range`` over program ids: two instances writing the same ``shared_hbm`` location is
+``err_unexpected_output_dependencies`` ("In affine_range/SPMD, writing the same location from
+different iterations", ref §1.5), and an instance reading what another wrote is a dependency the
+device does not order (instances run on different NeuronCores).
 """
 
 from __future__ import annotations
@@ -23,8 +30,16 @@ from .arch import Arch, get_arch
 from .trace import Instr, Trace
 
 # The checks nkisim runs by default; each can be turned off (NKISIM_CHECKS=-races,-uninit or
-# `checks=` on simulate_kernel / the pytest option).
-ALL_CHECKS = ("uninit", "races", "outputs", "capacity", "warnings", "inputs")
+# `checks=` on simulate_kernel / the pytest option):
+#   uninit    reads of memory never written (nkisim_uninitialized_read)
+#   races     affine_range/SPMD loop-carried and output dependencies (nkisim.checks)
+#   outputs   returned HBM tensors not fully written (err_tensor_output_not_written_to)
+#   capacity  SBUF bytes per partition and PSUM banks of live tiles (nkisim.memory)
+#   warnings  suspicious patterns reported as nkisim.errors.NKIWarning
+#   inputs    writes into kernel inputs (err_cannot_update_immutable_parameter)
+#   scope     tiles used after the loop iteration that allocated them
+#             (err_local_variable_used_out_of_scope)
+ALL_CHECKS = ("uninit", "races", "outputs", "capacity", "warnings", "inputs", "scope")
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -47,10 +62,10 @@ def parse_checks(spec: str | None) -> frozenset:
 
 @dataclass(slots=True, eq=False)
 class Loop:
-    """One activation of an ``nl.*_range`` loop."""
+    """One activation of an ``nl.*_range`` loop (or the SPMD grid, kind ``"spmd"``)."""
 
     id: int
-    kind: str                 # "affine" | "sequential" | "static"
+    kind: str                 # "affine" | "sequential" | "static" | "spmd"
     file: str
     line: int
     iteration: int = -1
@@ -84,6 +99,9 @@ class Run:
     warned: set = field(default_factory=set)
     last_fresh: object = None                         # result tile of the latest instruction
     device_prints: list = field(default_factory=list)
+    # buffers per allocation site in affine_range loops (1: iterations serialize on one buffer)
+    multi_buffer: int = 1
+    spmd: object = None                               # the grid's pseudo-Loop (kind "spmd")
 
     # ---- loops and epochs ----
     def new_epoch(self, loop: Loop, iteration: int) -> int:
@@ -92,20 +110,48 @@ class Run:
         self.epochs[e] = (loop.parent_epoch, loop.id, loop.kind, iteration)
         return e
 
+    def begin_program(self, program_id: tuple, func=None) -> None:
+        """Start SPMD instance ``program_id`` (``kernel[grid]``): a fresh epoch under the grid's
+        pseudo-loop, so instances are checked like iterations of an ``affine_range``."""
+        lp = self.spmd
+        if lp is None:
+            code = getattr(func, "__code__", None)
+            lp = self.spmd = Loop(id=self.next_loop_id, kind="spmd",
+                                  file=code.co_filename if code else "",
+                                  line=code.co_firstlineno if code else 0)
+            self.next_loop_id += 1
+        lp.iteration = tuple(program_id)
+        e = self.new_epoch(lp, lp.iteration)
+        if lp.first_epoch == 0:
+            lp.first_epoch = e
+        lp.epoch = e
+        self.epoch = e
+
     def record(self, op, engine, reads, writes, dtype, partitions, free, detail=None) -> Instr:
         file, line = caller_location()
         instr = Instr(op, engine, tuple(reads), tuple(writes), dtype, partitions, free,
                       detail if detail is not None else {},
                       tuple((lp.id, lp.kind, lp.iteration) for lp in self.loops), file, line)
-        return self.trace.append(instr)
+        self.trace.append(instr)
+        mem = self.memory
+        if mem.pending is not None:
+            mem.instruction_recorded()
+        return instr
 
     def warn(self, key, message: str) -> None:
-        """A suspicious-pattern warning, once per (key) per run, with the source line."""
-        if "warnings" not in self.checks or key in self.warned:
+        """A suspicious-pattern warning, once per kind of pattern per source line per run.
+
+        ``key`` is a tuple whose first item names the pattern (``"psum_dtype"``, ``"flow"``...);
+        the rest is ignored for deduplication: a loop body warns once, not once per iteration.
+        """
+        if "warnings" not in self.checks:
             return
-        self.warned.add(key)
-        import warnings
         file, line = caller_location()
+        site = (key[0] if isinstance(key, tuple) else key, file, line)
+        if site in self.warned:
+            return
+        self.warned.add(site)
+        import warnings
         warnings.warn_explicit(message, errors.NKIWarning, file or "<kernel>", line or 0)
 
 

@@ -159,7 +159,7 @@ def _mask(mask, shape):
 def result_tile(run, shape, dtype, vals, op, engine, reads, detail, buffer=sbuf, mask=None,
                 name=None):
     """Create the instruction's output tile, write ``vals``, record the instruction."""
-    t = allocate(shape, dtype, buffer=buffer, name=name or "", api=op)
+    t = allocate(shape, dtype, buffer=buffer, name=name or "", api=op, poison=mask is not None)
     write(t, vals, op, run=run, mask=mask)
     instr = run.record(op, engine, tuple(region(r) for r in reads), (region(t),),
                        dtypes.name(t.dtype), _partitions(t), _free(t), detail)

@@ -86,7 +86,7 @@ class Allocation:
 
     __slots__ = ("id", "buffer", "name", "key", "ptr", "row_bytes", "p_base", "shadow", "param",
                  "mutable", "live", "pbytes", "banks", "loop", "file", "line", "direct",
-                 "dtype", "shape", "epoch", "hi", "__weakref__")
+                 "dtype", "shape", "epoch", "hi", "gen", "full", "__weakref__")
 
     def __init__(self, buffer, name, dtype, shape):
         self.buffer = buffer          # "hbm" | "sbuf" | "psum"
@@ -110,6 +110,8 @@ class Allocation:
         self.direct = False
         self.epoch = 0                # epoch it was created in (nkisim.checks)
         self.hi = 0                   # upper bound of the epochs in its shadow (nkisim.checks)
+        self.gen = 0                  # number of writes (nkisim.checks)
+        self.full = -1                # True once fully written, else `gen` of the last check
 
 
 _ids = iter(range(1, 1 << 62))
@@ -125,17 +127,27 @@ def _infer_name(file: str, line: int, default: str) -> str:
     return default
 
 
-def _site_key(run, buffer, file, line):
+def _site_key(run, buffer, file, line, result=False):
     """Physical key of an auto-allocated tile: its allocation site within the loop body.
 
     A tile allocated at the same place in a loop body reuses its buffer in every iteration
     (the compiler allocates one buffer per allocation site unless the kernel asks for more);
-    allocations at one site within the same iteration get distinct buffers.
+    allocations at one site within the same iteration get distinct buffers. Without
+    ``skip_middle_end_transformations`` the compiler multi-buffers the tiles an instruction
+    defines in an affine_range body (``x = nl.load(...)``; ``runtime.multi_buffer_factor``):
+    iteration i then uses buffer ``i % factor``. A tile the kernel declares (``nl.ndarray``) and
+    fills with ``x[...] = ...`` keeps the one buffer it declared. (Calibration, trn1 handout: the
+    tiled kernel, which declares its tiles, costs ~1 us per iteration whether a DMA has 1 or 128
+    descriptors, i.e. its iterations serialize; the stream kernel, `x = nl.load(...)`, overlaps
+    them: 0.4 us per iteration.)
     """
     counts = run.memory.site_counts
     site = (buffer, file, line, run.epoch)
     n = counts.get(site, 0)
     counts[site] = n + 1
+    mb = run.multi_buffer        # buffers per site in affine_range bodies (runtime.py)
+    if result and mb > 1 and run.loops and run.loops[-1].kind == "affine":
+        return (buffer, file, line, n, run.loops[-1].iteration % mb)
     return (buffer, file, line, n)
 
 
@@ -148,8 +160,13 @@ def _new_alloc(run, kind, name, dtype, shape, arr, file, line):
     return a
 
 
-def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray") -> Tensor:
-    """Create a tensor (``nl.ndarray``/``zeros``/``full``...) in the current kernel."""
+def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
+             poison=True) -> Tensor:
+    """Create a tensor (``nl.ndarray``/``zeros``/``full``...) in the current kernel.
+
+    ``poison=False`` is for an instruction's result tile that is written whole right away:
+    filling it with NaN first would be wasted work.
+    """
     run = context.current()
     buf = buffer_of(buffer)
     dt = dtypes.normalize(dtype)
@@ -209,12 +226,13 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray") ->
 
     phys_shape = (P,) + blocks + free
     if fill is None:
-        arr = np.full(phys_shape, dtypes.poison(dt), dtype=sdt)
+        arr = np.full(phys_shape, dtypes.poison(dt), dtype=sdt) if poison else \
+            np.empty(phys_shape, dtype=sdt)
     else:
         arr = np.full(phys_shape, fill, dtype=sdt) if dt != dtypes.TF32 else \
             dtypes.cast(np.full(phys_shape, fill, np.float32), dt)
     a = _new_alloc(run, buf.kind, name, dt, shape, arr, file, line)
-    a.key = _site_key(run, buf.kind, file, line)
+    a.key = _site_key(run, buf.kind, file, line, result=not api.startswith("nl."))
     a.row_bytes = pbytes
     a.pbytes = pbytes
     if buf.kind == "psum":
@@ -223,9 +241,10 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray") ->
         perm = tuple(range(1, paxis + 1)) + (0,) + tuple(range(paxis + 1, len(shape)))
         arr = arr.transpose(perm)
     if run.checks:
-        a.shadow = np.zeros(shape, np.int32)
         if fill is not None:
-            a.shadow.fill(run.epoch)
+            a.shadow = np.full(shape, run.epoch, np.int32)
+        else:
+            a.shadow = np.zeros(shape, np.int32) if poison else np.empty(shape, np.int32)
     t = Tensor(arr, a.shadow, a, dt, shape, paxis, None)
     # an instruction's result tile is provisional: `dst[...] = op(...)` retargets it (memory.py)
     run.memory.allocate(a, t, provisional=not api.startswith("nl."))
@@ -800,8 +819,9 @@ def inplace(t: Tensor, other, opname: str) -> Tensor:
                      "is rounded")
         if t._w is not None:     # the associative accumulation is exempt from race checks
             checks.check_read(run, t, "nc_matmul (accumulate)", accumulate=True)
-        acc = values(t).astype(np.float32)
-        acc = acc + fit(values(other), t.shape, other.shape)
+        cur = values(t)
+        inc = fit(values(other), t.shape, other.shape)
+        acc = np.add(cur, inc) if cur.dtype == np.float32 else cur.astype(np.float32) + inc
         write(t, acc, "nc_matmul", accumulate=True, run=run)
         instr.writes = (region(t),)
         instr.detail["accumulate"] = True

@@ -1,0 +1,322 @@
+"""nkisim.cost against the reference's cost formulas (shared/spec/nki-reference.md §1.10, §3)."""
+
+import pytest
+
+from nkisim.arch import TRN1, TRN2
+from nkisim.cost import (
+    COST_PARAMS,
+    DMA_EFFICIENCY_TABLE,
+    adjusted_flops_factor,
+    compute_ns,
+    descriptor_overhead_bytes,
+    dma_efficiency,
+    dma_plan,
+    engine_cycles,
+    instr_cost_ns,
+    load_stationary_cycles,
+    matmul_cycles,
+    params_for,
+    table_efficiency,
+)
+from nkisim.trace import DMA, GPSIMD, SCALAR, TENSOR, VECTOR, Instr, Region
+
+P1 = COST_PARAMS["trn1"]
+P2 = COST_PARAMS["trn2"]                     # hardware DGE DMA path (trn2 default)
+P2_DESC = params_for("trn2", dge=False)      # compiled with --disable-dge
+
+
+def sb(key="t", p=128, nbytes=512, buffer="sbuf"):
+    return Region(buffer, key, str(key), 0, p, 0, nbytes)
+
+
+def mm(m, n, k=128, fp32=False):
+    return Instr("nc_matmul", TENSOR, (sb("st"), sb("mv")), (sb("ps", buffer="psum"),),
+                 "float32", m, n, {"K": k, "M": m, "N": n, "fp32": fp32, "transpose": False,
+                                   "accumulate": False, "flops": 2 * k * m * n})
+
+
+def op(name, engine, n, dtype="float32", out="sbuf", **detail):
+    return Instr(name, engine, (sb("a"),), (sb("o", buffer=out),), dtype, 128, n, detail)
+
+
+def dma(rows, row_bytes, src="hbm", dst="sbuf", p=None, **extra):
+    p = rows if p is None else p
+    d = {"rows": rows, "row_bytes": row_bytes, "bytes": rows * row_bytes, "src": src, "dst": dst}
+    d.update(extra)
+    return Instr("dma_copy", DMA, (Region(src, "s", "s", 0, 1, 0, rows * row_bytes),),
+                 (Region(dst, "d", "d", 0, p, 0, row_bytes),), "float32", p, row_bytes // 4, d)
+
+
+# --- targets ----------------------------------------------------------------------------------
+def test_params_per_target():
+    assert params_for("trn2") is P2 and params_for("gen3") is P2
+    assert params_for(TRN1) is P1 and params_for("gen2") is P1
+    assert P1.arch is TRN1 and P2.arch is TRN2
+    with pytest.raises(ValueError):
+        params_for("trn9")
+
+
+def test_target_from_environment(monkeypatch):
+    monkeypatch.setenv("NKISIM_TARGET", "trn1")
+    assert params_for() is P1
+
+
+# --- TensorE (ref §1.10 nc_matmul, §3.3) --------------------------------------------------------
+def test_matmul_128x128x512_bf16_trn2():
+    # max(min(64, 128), 512) = 512 TensorE cycles at 2.4 GHz
+    assert matmul_cycles(mm(128, 512), P2) == 512
+    assert compute_ns(mm(128, 512), P2) == pytest.approx(512 / 2.4)       # 213.3 ns
+    assert compute_ns(mm(128, 512), P1) == pytest.approx(512 / 2.8)
+
+
+def test_matmul_fp32_is_4x():
+    assert matmul_cycles(mm(128, 512, fp32=True), P2) == 4 * 512
+    assert compute_ns(mm(128, 512, fp32=True), P2) == pytest.approx(4 * 512 / 2.4)
+
+
+@pytest.mark.parametrize("m,n,expected", [
+    (128, 1, 64),     # "Short Moving": MM II ~ 64 (§3.3 example)
+    (1, 128, 128),    # "Short Stationary": ~128
+    (32, 16, 32),     # min(64, 32) = 32 dominates N = 16
+    (128, 64, 64),
+    (100, 300, 300),
+])
+def test_matmul_formula(m, n, expected):
+    assert matmul_cycles(mm(m, n), P2) == max(min(64, m), n) == expected
+
+
+def test_load_stationary_is_quarter_of_stationary_free_size():
+    assert load_stationary_cycles(mm(128, 512), P2) == 128 / 4
+    assert load_stationary_cycles(mm(64, 512), P2) == 16
+    # LS never exceeds the MM II, so back-to-back throughput is the MM II (max(LS_II, MM_II))
+    for m in (1, 16, 64, 128):
+        for n in (1, 64, 512):
+            assert load_stationary_cycles(mm(m, n), P2) <= matmul_cycles(mm(m, n), P2)
+
+
+def tp(p, f, fp32=False, swap=False):
+    """PE transpose of a (P, F) tile: the result (F, P) is the instruction's shape."""
+    m, n = (p, f) if swap else (f, p)       # M/N as the matmul convention has them, or swapped
+    return Instr("nc_transpose", TENSOR, (sb("x", p),), (sb("t", f, buffer="psum"),),
+                 "float32", f, p, {"K": p, "M": m, "N": n, "fp32": fp32, "transpose": True,
+                                   "accumulate": False, "flops": 0})
+
+
+@pytest.mark.parametrize("p,f", [(128, 128), (32, 128), (128, 16), (64, 64), (128, 32)])
+@pytest.mark.parametrize("swap", [False, True])
+def test_pe_transpose(p, f, swap):
+    assert matmul_cycles(tp(p, f, swap=swap), P2) == max(p, min(64, f))
+    # fp32: 4x on NC-v2 (a matmul), NC-v3 transpose mode "2x faster for fp32" (§3.3)
+    assert matmul_cycles(tp(p, f, True, swap), P1) == 4 * max(p, min(64, f))
+    assert matmul_cycles(tp(p, f, True, swap), P2) == 2 * max(p, min(64, f))
+    assert load_stationary_cycles(tp(p, f, swap=swap), P2) == f / 4
+
+
+def test_adjusted_flops_factor():
+    assert adjusted_flops_factor(mm(128, 512), P2) == 1
+    assert adjusted_flops_factor(mm(128, 512, fp32=True), P2) == 4
+    fp8 = mm(128, 512)
+    fp8.detail["dtype_in"] = "float8_e4m3"
+    assert adjusted_flops_factor(fp8, P2) == 0.5 and adjusted_flops_factor(fp8, P1) == 1
+
+
+# --- Vector / Scalar / GpSimd (ref §1.10, §3.4) ------------------------------------------------
+@pytest.mark.parametrize("params", [P1, P2])
+def test_one_input_ops_cost_n_with_min_ii(params):
+    for name in ("tensor_copy", "tensor_scalar"):
+        assert engine_cycles(op(name, VECTOR, 1000), params) == 1000
+        assert engine_cycles(op(name, VECTOR, 10), params) == 64            # MIN_II
+        assert engine_cycles(op(name, VECTOR, 1), params) == 64
+    assert engine_cycles(op("activation", SCALAR, 700), params) == 700
+
+
+def test_engine_clocks():
+    n = 1000
+    assert compute_ns(op("tensor_scalar", VECTOR, n), P2) == pytest.approx(n / 0.96)
+    assert compute_ns(op("tensor_scalar", VECTOR, n), P1) == pytest.approx(n / 1.12)
+    assert compute_ns(op("activation", SCALAR, n), P2) == pytest.approx(n / 1.2)
+    assert compute_ns(op("activation", SCALAR, n), P1) == pytest.approx(n / 1.4)
+    assert compute_ns(op("iota", GPSIMD, n), P1) == pytest.approx((150 + n) / 1.4)
+
+
+def tt(n, dtype="float32", psum_in=False, all16=False, alu="add", contiguous=True):
+    return Instr("tensor_tensor", VECTOR, (sb("a"), sb("b")), (sb("o"),), dtype, 128, n,
+                 {"inputs": 2, "psum_in": psum_in, "all_16bit": all16, "alu": alu,
+                  "contiguous": contiguous})
+
+
+@pytest.mark.parametrize("params", [P1, P2])
+def test_tensor_tensor_rules(params):
+    n = 512
+    assert engine_cycles(tt(n), params) == 2 * n                           # else: 2N
+    assert engine_cycles(tt(n, psum_in=True), params) == n                 # one input in PSUM
+    for alu in ("add", "multiply", "subtract"):                            # all-bf16 add/mul/sub
+        assert engine_cycles(tt(n, "bfloat16", all16=True, alu=alu), params) == n
+    assert engine_cycles(tt(20), params) == 64                             # MIN_II
+
+
+def test_tensor_tensor_bf16_other_ops():
+    n = 512
+    # trn1: only add/multiply/subtract get N; trn2 perf mode gives 2x to any all-16-bit SBUF op
+    assert engine_cycles(tt(n, "bfloat16", all16=True, alu="maximum"), P1) == 2 * n
+    assert engine_cycles(tt(n, "bfloat16", all16=True, alu="maximum"), P2) == n
+
+
+def test_trn2_vector_perf_modes():
+    n = 1024
+    cp = op("tensor_copy", VECTOR, n, "bfloat16", all_16bit=True, contiguous=True)
+    assert engine_cycles(cp, P2) == n / 4                                  # SBUF->SBUF 16-bit
+    assert engine_cycles(cp, P1) == n                                      # no perf mode on trn1
+    nc = op("tensor_scalar", VECTOR, n, "bfloat16", all_16bit=True, contiguous=False)
+    assert engine_cycles(nc, P2) == n / 2                                  # non-contiguous: 2x
+    ps = op("tensor_copy", VECTOR, n, "bfloat16", all_16bit=True, psum_in=True)
+    assert engine_cycles(ps, P2) == n / 2                                  # PSUM side: 2x
+    to_ps = op("tensor_copy", VECTOR, n, "bfloat16", out="psum", all_16bit=True)
+    assert engine_cycles(to_ps, P2) == n / 2
+    assert engine_cycles(op("tensor_copy", VECTOR, n), P2) == n            # fp32: none
+    small = op("tensor_copy", VECTOR, 128, "bfloat16", all_16bit=True)
+    assert engine_cycles(small, P2) == 64                                  # MIN_II still applies
+    # only VectorE has the perf modes
+    sc = op("tensor_copy", SCALAR, n, "bfloat16", all_16bit=True)
+    assert engine_cycles(sc, P2) == n
+
+
+def test_tensor_reduce():
+    n = 512
+    # the instruction's free size is the output's (1); N is the input's (detail in_free)
+    def red(dtype, alu, **kw):
+        return op("tensor_reduce", VECTOR, 1, dtype, alu=alu, in_free=n, **kw)
+
+    assert engine_cycles(red("bfloat16", "add", all_16bit=True), P2) == n / 2
+    assert engine_cycles(red("bfloat16", "maximum", all_16bit=True), P1) == n / 2
+    assert engine_cycles(red("float32", "add"), P2) == n
+    assert engine_cycles(red("bfloat16", "multiply", all_16bit=True), P2) == n
+
+
+def test_memset_iota_activation_reduce_reciprocal():
+    n = 1000
+    assert engine_cycles(op("memset", VECTOR, n, "bfloat16", value=0.0), P2) == n / 2
+    assert engine_cycles(op("memset", VECTOR, n, "bfloat16", value=1.0), P2) == n
+    assert engine_cycles(op("memset", VECTOR, n, "float32", value=0.0), P2) == n
+    assert engine_cycles(op("iota", GPSIMD, n), P2) == 150 + n
+    assert engine_cycles(op("affine_select", GPSIMD, n), P2) == 150 + n
+    assert engine_cycles(op("activation", SCALAR, n, reduce=True), P2) == n + 64
+    assert engine_cycles(op("reciprocal", VECTOR, n), P2) == 8 * n
+    assert engine_cycles(op("reciprocal", SCALAR, n), P2) == n
+    assert engine_cycles(op("tensor_copy_dynamic_src", GPSIMD, 10), P2) == 600
+
+
+def test_unknown_ops_fall_back_on_input_count():
+    one = Instr("exp", SCALAR, (sb("a"),), (sb("o"),), "float32", 128, 300, {"inputs": 1})
+    two = Instr("add", VECTOR, (sb("a"), sb("b")), (sb("o"),), "float32", 128, 300,
+                {"inputs": 2})
+    assert engine_cycles(one, P2) == 300
+    assert engine_cycles(two, P2) == 600
+
+
+# --- DMA (ref §3.1, §3.5) -----------------------------------------------------------------------
+def test_table_interpolation():
+    for x, y in DMA_EFFICIENCY_TABLE:
+        assert table_efficiency(x) == pytest.approx(y)
+    assert table_efficiency(768) == pytest.approx((0.21 + 0.42) / 2)
+    assert table_efficiency(1 << 20) == 1.0
+    assert table_efficiency(16) == pytest.approx(0.007)
+
+
+def test_dma_efficiency_is_monotone_and_bounded():
+    sizes = [1, 2, 4, 8, 16, 24, 32, 48, 64, 100, 128, 200, 256, 384, 512, 800, 1024, 1500,
+             2048, 3000, 4096, 6000, 8192, 12000, 16384, 30000, 32768, 65536, 1 << 20]
+    for p in (P1, P2):
+        effs = [dma_efficiency(b, p) for b in sizes]
+        assert all(0 < e <= 1 for e in effs)
+        assert all(a <= b for a, b in zip(effs, effs[1:]))
+    assert dma_efficiency(0) == 0
+
+
+def test_dma_efficiency_follows_chart_from_2k_and_overhead_below():
+    d = 2048 * (1 / 0.81 - 1)                                      # 480 byte-times
+    assert descriptor_overhead_bytes(P2) == pytest.approx(d)
+    for x, y in DMA_EFFICIENCY_TABLE:
+        if x >= 2048:
+            assert dma_efficiency(x, P2) == pytest.approx(y)
+        else:
+            assert dma_efficiency(x, P2) == pytest.approx(max(y, x / (x + d)))
+            assert dma_efficiency(x, P2) >= y
+
+
+def test_dma_plan_128x512_fp32_tile():
+    # (128, 512) fp32 tile from HBM: 128 descriptors of 2 KiB, 16 queues x 8 partitions (§3.5)
+    ins = dma(128, 2048)
+    bw = min(23.0, 362.0 / 16)                                      # HBM share per queue
+    row_ns = 2048 / (bw * 0.81)
+    for p in (P2, P2_DESC, P1):
+        plan = dma_plan(ins, p)
+        assert plan.queues == 16 and plan.rows == 128
+        assert [plan.rows_on(j) for j in range(16)] == [8] * 16
+        assert plan.nbytes == 128 * 2048 and plan.hbm_sides == 1
+    plan = dma_plan(ins, P2_DESC)                                   # descriptor path
+    assert plan.row_ns == pytest.approx(row_ns)
+    assert plan.issue_ns == 0 and plan.fixed_ns == 1300
+    assert plan.latency_ns == pytest.approx(1300 + 8 * row_ns)
+    assert instr_cost_ns(ins, P2_DESC) == pytest.approx(plan.latency_ns)
+    dge = dma_plan(ins, P2)                                         # hardware DGE: ~600 ns
+    assert dge.issue_ns == pytest.approx(600.0) and dge.fixed_ns == 0
+    assert dge.latency_ns == pytest.approx(max(600.0, 8 * row_ns))
+    assert instr_cost_ns(ins, "trn2") == pytest.approx(dge.latency_ns)
+    assert dma_plan(dma(1, 4), P2).issue_ns == pytest.approx(460 + 140 / 128)
+    assert dma_plan(ins, P1).row_ns == pytest.approx(2048 / (17.0 * 0.81))
+
+
+def test_dma_paths():
+    assert P2.dge and not P1.dge                                    # HWDGE is NC-v3+ (§1.10)
+    assert not P2_DESC.dge and params_for("trn2", dge=False) is P2_DESC
+    assert params_for("trn2", dge=True) is P2 and params_for("trn2") is P2
+    assert params_for("trn1", dge=True) is P1
+    assert P2_DESC.launch_ns == P2.launch_ns and P2_DESC.arch is P2.arch
+
+
+def test_dma_queue_bandwidths():
+    assert P2.queue_bytes_per_ns(0) == 23.0                         # SBUF->SBUF: engine peak
+    assert P2.queue_bytes_per_ns(1) == pytest.approx(362.0 / 16)    # HBM per NC / 16
+    assert P2.queue_bytes_per_ns(2) == pytest.approx(362.0 / 32)    # HBM read + write
+    assert P1.queue_bytes_per_ns(1) == 17.0                         # 410/16 > 17
+    sb_sb = dma_plan(dma(128, 2048, src="sbuf", dst="sbuf"), P2)
+    assert sb_sb.row_ns == pytest.approx(2048 / (23.0 * 0.81))
+
+
+def test_dma_small_and_uneven_transfers():
+    one = dma_plan(dma(1, 4), P2_DESC)
+    assert one.queues == 1
+    assert one.latency_ns == pytest.approx(1300 + 4 / ((362 / 16) * dma_efficiency(4, P2)))
+    uneven = dma_plan(dma(100, 256), P2)
+    assert uneven.queues == 16
+    assert sum(uneven.rows_on(j) for j in range(16)) == 100
+    assert uneven.occupancy_ns == pytest.approx(7 * uneven.row_ns)
+
+
+def test_dma_plan_falls_back_on_regions():
+    ins = Instr("dma_copy", DMA, (Region("hbm", "x", "x", 0, 1, 0, 64 * 1024),),
+                (Region("sbuf", "t", "t", 0, 64, 0, 1024),), "float32", 64, 256, {})
+    plan = dma_plan(ins, P2)
+    assert plan.rows == 64 and plan.row_bytes == 1024 and plan.nbytes == 64 * 1024
+    assert plan.hbm_sides == 1
+
+
+def test_dma_transpose_is_slower():
+    plain = dma_plan(dma(128, 2048), P2).row_ns
+    assert dma_plan(dma(128, 2048, transpose=True), P2).row_ns == pytest.approx(plain / 0.9)
+    # element-wise descriptors (as load_transpose2d records them) are costed per partition
+    elem = dma_plan(dma(128 * 512, 4, p=128, transpose=True), P2)
+    assert elem.rows == 128 and elem.row_bytes == 2048
+    assert elem.row_ns == pytest.approx(plain / 0.9)
+    sb_sb = dma_plan(dma(128, 2048, src="sbuf", dst="sbuf", transpose=True), P2)
+    assert sb_sb.row_ns == pytest.approx(2048 / (23.0 * 0.81) / 0.5)
+
+
+def test_launch_overhead_and_fixed_latency_constants():
+    # documented cross-engine DMA latency (§3.5); launch overheads from stream FREE_DIM=200
+    assert P1.dma_fixed_ns == P2.dma_fixed_ns == 1300.0
+    assert 0 < P2.launch_ns < 15_000 and 0 < P1.launch_ns < 19_000
+    assert P2.dep_latency_ns(SCALAR) == pytest.approx(200 / 1.2)
+    assert P1.dep_latency_ns(SCALAR) == pytest.approx(200 / 1.4)   # 264 - 64 cycles (§3.4)
+    assert P2.dep_latency_ns(DMA) == 0.0
