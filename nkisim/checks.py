@@ -31,8 +31,14 @@ They read the per-element shadow of every tensor: the epoch of its last write (`
   Rule: with the loop's current activation starting at epoch ``f`` and its current iteration at
   epoch ``e``, every epoch in ``[f, e)`` belongs to an earlier iteration of it (ids grow
   monotonically). An access races iff a touched element's epoch falls in ``[f, e)`` of an active
-  parallel loop: a range test on the min/max of the shadow, element-wise only when the ranges
-  overlap. Tiles allocated inside the current iteration (the common case) need no test.
+  parallel loop.
+
+  Cost: each tensor keeps summaries on its allocation (``epoch`` it was created in, ``hi`` an
+  upper bound of its shadow's epochs, ``full`` once every element was written, ``uniform`` the
+  epoch of all elements when they share one, ``gen`` its write count), so most accesses are
+  decided in O(1): tiles allocated in the current iteration, tensors written before the loops,
+  accumulators. The shadow is scanned (min/max, then element-wise) only when the summaries
+  cannot rule a race or an uninitialized element out.
 - **scope** (``err_local_variable_used_out_of_scope``): a tile allocated in a loop body used after
   that iteration ended (outside the loop, or by the next iteration through a Python variable, as
   in ``acc = nl.add(acc, x)``; the real front end traces the body once, ref §1.9).
@@ -156,16 +162,14 @@ def _iter_str(loop, it) -> str:
     return f"program id {it}" if loop.kind == "spmd" else f"iteration {it}"
 
 
-def _find_race(run, w, lo, pl):
+def _find_race(run, w, lo, hi, pl):
     """(loop, writer epoch) of the first parallel loop in ``pl`` (outermost first) such that
-    some epoch in ``w`` lies in ``[loop.first_epoch, loop.epoch)``; None when there is none."""
-    hi = None
+    some epoch in ``w`` (whose min and max are ``lo`` and ``hi``) lies in
+    ``[loop.first_epoch, loop.epoch)``; None when there is none."""
     for lp in pl:
         f, e = lp.first_epoch, lp.epoch
         if lo >= e:
             continue
-        if hi is None:
-            hi = int(w.max())
         if hi < f:
             return None             # inner loops start later still
         if lo >= f and hi < e:
@@ -194,28 +198,59 @@ def _racy_loops(run, root):
     written in the context that created it or in loops started later), so only loops whose
     ``[first_epoch, epoch)`` meets that interval need an element-wise look.
     """
-    if run.epoch == 1 or "races" not in run.checks:
+    epoch = run.epoch
+    if epoch == 1 or "races" not in run.checks:
         return ()
+    cache = run.par_cache          # the loop stack only changes with the epoch
+    if cache[0] != epoch:
+        cache = run.par_cache = (epoch, tuple(_parallel_loops(run)))
+    pl = cache[1]
     a, h = root.epoch, root.hi
-    return [lp for lp in _parallel_loops(run) if a < lp.epoch and h >= lp.first_epoch]
+    if not pl or a >= pl[-1].epoch or h < pl[0].first_epoch:
+        return ()
+    return [lp for lp in pl if a < lp.epoch and h >= lp.first_epoch]
+
+
+def _covers(t) -> bool:
+    """True when view ``t`` is the whole tensor (each element once, not a masked copy)."""
+    shadow = t.root.shadow
+    return t._arr is not None and t._idx is None and shadow is not None and \
+        t._w.size == shadow.size
+
+
+def _bounds(t, w):
+    """(min, max) epoch of the view's shadow ``w``; O(1) when the tensor's shadow is known to
+    be uniform (a tile written as a whole, an accumulator), which it then remembers."""
+    root = t.root
+    u = root.uniform
+    if u is not None:
+        return u, u
+    lo, hi = int(w.min()), int(w.max())
+    if lo == hi and _covers(t):
+        root.uniform = lo
+    return lo, hi
 
 
 def _check_initialized(run, t, w, api) -> None:
     """``nkisim_uninitialized_read`` if an element of the view was never written.
 
-    Once the whole tensor is known to be written (``root.full``) reads cost nothing; the whole
-    tensor is re-examined at most once per new write, and only for views that are not a tiny
-    part of it.
+    Once the whole tensor is known to be written (``root.full``) reads cost nothing. The first
+    read after a write checks its view; a second read with no write in between checks the whole
+    tensor, once (``root.full``: True, else ``gen`` after one read, ``-gen - 1`` after a failed
+    whole-tensor check), so a tile written once and read many times costs two passes.
     """
     root = t.root
-    if root.full is True:
+    if root.full is True or (root.uniform is not None and root.uniform > 0):
         return
+    g = root.gen
     shadow = root.shadow
-    if root.full != root.gen and shadow is not None and 16 * w.size >= shadow.size:
+    if root.full == g and shadow is not None:
         if shadow.min() > 0:
             root.full = True
             return
-        root.full = root.gen
+        root.full = -g - 1
+    elif root.full != -g - 1:
+        root.full = g
     if w.min() > 0:
         return
     unwritten = w == 0
@@ -239,12 +274,12 @@ def check_read(run, t, api: str, accumulate: bool = False) -> None:
         if "uninit" in run.checks:
             _check_initialized(run, t, w, api)
         return
-    lo = int(w.min())
+    lo, hi = _bounds(t, w)
     if lo >= run.epoch:
         return                                  # written in this iteration (or nested loops)
     if lo == 0 and "uninit" in run.checks:
         _check_initialized(run, t, w, api)
-    hit = _find_race(run, w, lo, racy)
+    hit = _find_race(run, w, lo, hi, racy)
     if hit is None:
         return
     lp, e = hit
@@ -259,40 +294,42 @@ def check_read(run, t, api: str, accumulate: bool = False) -> None:
 def check_write(run, t, api: str, accumulate: bool) -> bool:
     """Before an instruction writes view ``t``: output dependencies between iterations of a
     parallel loop, writes to out-of-scope tiles. Returns True when the write must *not* restamp
-    the shadow (an accumulation onto a group started by an earlier iteration, see module doc)."""
+    the shadow (an accumulation onto a group started by an earlier iteration, see module doc).
+    Also keeps the tensor's summaries (``hi``, ``gen``, ``full``, ``uniform``) up to date."""
     root = t.root
     if root.live is None and "scope" in run.checks:
         raise _scope_error(run, t)
     root.gen += 1
-    if root.full is not True and t._arr is not None and t._idx is None and \
-            root.shadow is not None and t._w.size == root.shadow.size:
-        root.full = True                        # the write covers the whole tensor
+    epoch = run.epoch
+    covers = _covers(t)
     racy = _racy_loops(run, root)
-    if not racy:
-        _bump(root, run.epoch)
-        return False
-    w = _shadow(t)
-    if not w.size:
-        return False
-    lo = int(w.min())
-    if lo >= run.epoch:
-        _bump(root, run.epoch)
-        return False
-    hit = _find_race(run, w, lo, racy)
-    if hit is None:
-        _bump(root, run.epoch)
-        return False
-    if accumulate:
-        return True                             # keep the group's first epoch (module doc)
-    lp, e = hit
-    file, line = caller_location()
-    raise nki_error("err_unexpected_output_dependencies", loop=loop_name(lp),
-                    name=t.name, region=_strip_name(tensor_region(t, w == e), t),
-                    detail=f": {_iter_str(lp, lp.iteration)} ('{api}' at {where(file, line)}) "
-                           f"writes what {_iter_str(lp, _iteration_of(run, e, lp))} wrote; "
-                           + ("offset the destination by nl.program_id" if lp.kind == "spmd"
-                              else "index the destination with the loop variable, or use "
-                                   "nl.sequential_range if the order matters"))
+    if racy:
+        w = _shadow(t)
+        lo, hi = _bounds(t, w) if w.size else (epoch, epoch)
+        hit = _find_race(run, w, lo, hi, racy) if lo < epoch else None
+        if hit is not None:
+            if accumulate:
+                if covers:
+                    root.full = True
+                return True                     # keep the group's first epoch (module doc)
+            lp, e = hit
+            file, line = caller_location()
+            raise nki_error(
+                "err_unexpected_output_dependencies", loop=loop_name(lp), name=t.name,
+                region=_strip_name(tensor_region(t, w == e), t),
+                detail=f": {_iter_str(lp, lp.iteration)} ('{api}' at {where(file, line)}) "
+                       f"writes what {_iter_str(lp, _iteration_of(run, e, lp))} wrote; "
+                       + ("offset the destination by nl.program_id" if lp.kind == "spmd"
+                          else "index the destination with the loop variable, or use "
+                               "nl.sequential_range if the order matters"))
+    # the write stamps `epoch` on the view
+    _bump(root, epoch)
+    if covers:
+        root.full = True
+        root.uniform = epoch
+    elif root.uniform != epoch:
+        root.uniform = None
+    return False
 
 
 def _bump(root, epoch) -> None:

@@ -102,6 +102,7 @@ class Run:
     # buffers per allocation site in affine_range loops (1: iterations serialize on one buffer)
     multi_buffer: int = 1
     spmd: object = None                               # the grid's pseudo-Loop (kind "spmd")
+    par_cache: tuple = (0, ())                        # (epoch, parallel loops): nkisim.checks
 
     # ---- loops and epochs ----
     def new_epoch(self, loop: Loop, iteration: int) -> int:

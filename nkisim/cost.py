@@ -13,9 +13,11 @@ The model (``nkisim.schedule`` assembles the timeline from these pieces):
   static overhead and semaphore hand-off that make dependent instructions slower than independent
   back-to-back ones (ref §3.4). TensorE -> TensorE edges (PSUM accumulation groups) pay nothing.
 * A DMA is ``rows`` descriptors (contiguous runs) of ``row_bytes``, spread over the 16 queues (a
-  P=128 tile: 8 partitions per queue, ref §3.5). Each descriptor takes
-  ``row_bytes / (bandwidth * dma_efficiency(row_bytes))`` of its queue's time. How the DMA gets
-  started depends on the DMA path the kernel was compiled for:
+  P=128 tile: 8 partitions per queue, ref §3.5). A queue spends ``(bytes + d) / bandwidth`` per
+  contiguous HBM run it moves: its bytes plus one descriptor overhead ``d`` (~162 byte-times,
+  :func:`descriptor_overhead_bytes`). Usually each descriptor is its own HBM run; when the HBM
+  side of the transfer is one contiguous range, each queue's share is one run (:func:`dma_plan`).
+  How the DMA gets started depends on the DMA path the kernel was compiled for:
   - hardware DGE (``dge=True``: trn2's default, e.g. ``nki.benchmark`` in CS149 Part 1). The
     DMA-issuing sequencer executes each DMA instruction for ``dge_issue_ns`` plus
     ``dge_descriptor_ns`` per descriptor, one at a time in readiness order. The queues work on
@@ -25,43 +27,49 @@ The model (``nkisim.schedule`` assembles the timeline from these pieces):
     ready; DMAs in flight overlap this latency.
   Either way the completion is visible to every engine at once.
 
-Which published figure informed which constant (cs149 §5, ref §3.7). All trn2 figures are p99
-nc_latency of kernels compiled with ``skip_middle_end_transformations``, so the buffers in the
-trace are the buffers the hardware used.
+Which published figure informed which constant (cs149 §5, ref §3.7; ``python
+benchmarks/calibrate.py`` prints the comparison, ``--derive`` re-derives the fitted constants).
+The trn2 figures are p99 nc_latency of kernels compiled with ``skip_middle_end_transformations``,
+so the buffers in the trace are the buffers the hardware used. The trn1 (2024) kernels were
+compiled without it: tiles an instruction defines in an ``affine_range`` body get 4 buffers
+(``nkisim.runtime.AUTO_MULTI_BUFFER``, from the trn1 handout), tiles the kernel declares and fills
+(``t[...] = nl.load(...)``) keep one (``nkisim.tensor._site_key``).
 
 * ``dge_issue_ns``/``dge_descriptor_ns``: "about 600 ns" per DGE DMA instruction on NC-v3
   (ref §3.5), taken as the figure for a 128-descriptor (P=128) transfer.
   - Checks of the 600 ns: ``vector_add_tiled`` ROW_CHUNK=128 and ``vector_add_stream``
     FREE_DIM=2 are, per iteration, a chain of three 128-descriptor DMAs and one 64-cycle VectorE
     op: 1.87 us/iter modeled against 1.89 / 1.86 measured. ``matrix_transpose`` 1024^2, tile by
-    tile (load, nc_transpose, tensor_copy, store; one buffer each): 94 us against 86 measured. The
-    descriptor path would give 164 us here, because it chains a 1.3 us latency per tile.
+    tile (load, nc_transpose, tensor_copy, store; one buffer each): 93 us against 86 measured. The
+    descriptor path would chain a 1.3 us latency per tile here.
   - Fitted: ROW_CHUNK=1 is three 1-descriptor DMAs per iteration, 1.458 us/iter measured, so
     about 460 ns per DMA. That gives the 460 ns base; the 1.1 ns per descriptor then follows from
     (600 - 460) / 128.
-* ``dma_fixed_ns`` = 1300 ns: the documented cross-engine figure, not fitted. Check: the profiled
-  (``--disable-dge``) ``vector_add_stream`` n=256000 runs at FREE_DIM=2000 / 1000 model to
-  28.2 / 29.7 us, against profiler total_time 28.5 / 27.
-* ``dma_efficiency``: the digitized chart of ref §3.5, except below ~2 KiB per descriptor. There
-  the chart's time is flat (about 850 ns for any P=128 transfer up to 2 KiB/partition), which is
-  the transfer's own fixed cost, already charged above. Reading that part as bandwidth doubled
-  the tiny-descriptor kernels (ROW_CHUNK=128: 3.8 against 1.89 us/iter). Below 2 KiB the model
-  uses a per-descriptor overhead instead. Its size comes from the chart's 2 KiB point, the
-  "minimum recommended" payload: 2048 * (1/0.81 - 1) = 480 byte-times, i.e. 21 ns (trn2) and
-  28 ns (trn1).
-* ``launch_ns``: ``vector_add_stream`` FREE_DIM=200 is one (128,200) fp32 tile per input: two
-  loads, one tensor_tensor and one store. It measures 15 us (trn2) / 19 us (trn1). The modeled
-  body is 2.2 / 4.8 us, so the per-launch overhead inside nc_latency (instruction fetch, queue and
-  semaphore setup, end notification) is taken as 12.8 / 14 us.
-* trn1 Part 1 loop figures are not used. The 2024 kernels were compiled without
-  ``skip_middle_end_transformations`` (cs149 §3), so the compiler may multi-buffer loops that
-  the trace shows single-buffered. Stream FREE_DIM=2 ran at 0.53 us/iter on trn1 against 1.86
-  on trn2. The model overestimates these trn1 loops by 1.3x (ROW_CHUNK=1) to 4x (FREE_DIM=2).
+* ``d`` (descriptor overhead): least-squares fit to the chart of ref §3.5 where it is
+  bandwidth-bound (4-16 KiB per partition), see :func:`descriptor_overhead_bytes`. The chart's
+  flat part (up to 2 KiB per partition a P=128 transfer takes the same time at any size) is a
+  transfer's fixed cost, charged as ``dma_fixed_ns`` / the DGE issue instead.
+* ``dma_fixed_ns``, NC-v3 (trn2 ``--disable-dge``): 1300 ns, the documented cross-engine figure
+  (ref §3.5, HEAD docs; [3P-RE] has the same number as the gen4 compiler's start latency), not
+  fitted. Check: the profiled ``vector_add_stream`` n=256000 runs at FREE_DIM=2000 / 1000 model
+  to 27.3 / 28.9 us, against profiler total_time 28.5 / 27.
+* ``dma_fixed_ns``, NC-v2 (trn1): 930 ns, derived jointly from the two serialized trn1
+  ``vector_add_tiled`` rows (the derivation is in the comment at :data:`COST_PARAMS`). The
+  1300 ns figure is not for this generation: with it the ROW_CHUNK=1 chain alone would take
+  1.37 us per iteration against 1.07 measured.
+* ``launch_ns``: the per-launch overhead inside nc_latency / total_time (instruction fetch, queue
+  and semaphore setup, end notification): per target, the mean of measured minus modeled body
+  over the rows of one or two loop iterations (derivation at :data:`COST_PARAMS`).
+* trn1 rows not used for any constant: ``vector_add_stream`` FREE_DIM=2 (100 iterations of three
+  1 KiB DMAs, 4 buffers) models to 41 us against 53 (-22%): the largest residual. It is
+  sensitive to the buffer count (2 buffers: 67 us, 3: 50 us) for which the handout's figure of 4
+  is the only source.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 from dataclasses import dataclass, field, replace
 
 from .arch import TARGETS, Arch, get_arch
@@ -110,7 +118,8 @@ class CostParams:
     # the compiler's default on trn2) or precomputed descriptors (trn1; ``--disable-dge``).
     dge: bool = False
     # Descriptor path: "descriptor setup, synchronization, and semaphore-to-start latency
-    # (~1300 ns cross-engine)" (§3.5), a latency that DMAs in flight overlap.
+    # (~1300 ns cross-engine)" (§3.5), a latency that DMAs in flight overlap. That is the HEAD
+    # (NC-v3/v4 era) figure; NC-v2's (trn1) is derived from calibration rows (COST_PARAMS).
     dma_fixed_ns: float = 1300.0
     # DGE path: "a hardware-DGE DMA instruction takes about 600 ns to execute on NeuronCore-v3"
     # (§3.5). The DMA-issuing sequencer is busy that long per DMA, so DMA issues serialize.
@@ -119,16 +128,16 @@ class CostParams:
     dge_issue_ns: float = 460.0
     dge_descriptor_ns: float = 140.0 / 128
     dma_efficiency: tuple = DMA_EFFICIENCY_TABLE
-    # Descriptor size where the chart is read as a per-descriptor overhead: 2 KiB, the "minimum
-    # recommended" payload per partition (ref §3.5); see dma_efficiency().
-    dma_efficiency_anchor_bytes: float = 2048.0
+    # The per-descriptor overhead is fitted to the chart's points from this size up, where the
+    # chart is bandwidth-bound ("≥4 KiB saturates", §3.5); see descriptor_overhead_bytes().
+    dma_overhead_fit_min_bytes: float = 4096.0
     # dma_transpose: "HBM->SBUF up to 90%, SBUF->SBUF up to 50% of DMA throughput" (§3.5).
     dma_transpose_hbm_factor: float = 0.9
     dma_transpose_sbuf_factor: float = 0.5
     # --- kernel ---
     # Fixed per-launch overhead included in nc_latency / profiler total_time (module docstring).
     launch_ns: float = 0.0
-    _row_ns_cache: dict = field(default_factory=dict, compare=False, repr=False)
+    _row_ns_cache: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @property
     def dma_queues(self) -> int:
@@ -158,11 +167,28 @@ class CostParams:
         return self.dep_latency_cycles / self.clock_ghz(engine)
 
 
+# Constants derived jointly from several calibration rows (cs149 §5; ``python
+# benchmarks/calibrate.py --derive`` repeats this with the current model and checks these values):
+#
+# trn1 dma_fixed_ns. The trn1 vector_add_tiled declares its tiles (one buffer each), so iteration
+# m+1's loads wait for iteration m's add: an iteration is one DMA latency F plus the rest of the
+# chain, ``rest`` (data phases + the add's 64 VectorE cycles, 57 ns). Per iteration:
+#   ROW_CHUNK=1:   (27404 - 14.7) us / 25600 = 1070 ns; rest = 68 ns (one 4-byte descriptor,
+#                  (4 + 162) / 17 = 10 ns, + 57)                              -> F = 1002 ns
+#   ROW_CHUNK=128: (206 - 14.7) us / 200 = 957 ns; rest = 96 ns (the store and the two loads
+#                  share the 16 queues: 3 x (8 x 4 + 162) / 17 = 34 ns, + 57, + 5 for the last
+#                  store's latency spread over the 200 iterations)            -> F =  861 ns
+#   F = mean = 931 ns -> 930 (the two rows' relative errors are then -7% / +7%).
+# launch_ns: measured - modeled body of the rows with one or two iterations,
+#   trn1 (F = 930): stream FREE_DIM=200 19 - 3.38 = 15.62 us; FREE_DIM=2000 n=256000
+#     34 - 16.76 = 17.24; FREE_DIM=1000 29 - 15.82 = 13.18; direct allocation 28.5 - 15.82 =
+#     12.68 -> mean 14.68 us -> 14.7 (F and launch_ns depend on each other a little; the values
+#     are the fixed point of the two means).
+#   trn2: stream FREE_DIM=200 15 - 2.22 = 12.78 us; --disable-dge FREE_DIM=2000 n=256000
+#     28.5 - 15.27 = 13.23; FREE_DIM=1000 27 - 16.90 = 10.10 -> mean 12.04 us -> 12.0.
 COST_PARAMS: dict = {
-    # launch_ns: vector_add_stream FREE_DIM=200 measured 19 us, modeled body 4.8 us (docstring)
-    "trn1": CostParams(arch=TARGETS["trn1"], launch_ns=14_000.0),
-    # launch_ns: the same kernel measured 15 us, modeled body 2.2 us
-    "trn2": CostParams(arch=TARGETS["trn2"], launch_ns=12_800.0, vector_perf_mode=True,
+    "trn1": CostParams(arch=TARGETS["trn1"], dma_fixed_ns=930.0, launch_ns=14_700.0),
+    "trn2": CostParams(arch=TARGETS["trn2"], launch_ns=12_000.0, vector_perf_mode=True,
                        fp32_transpose_factor=2.0, dge=True),
 }
 _VARIANTS: dict = {}
@@ -191,7 +217,8 @@ def params_for(arch: Arch | str | None = None, *, dge: bool | None = None) -> Co
 # DMA
 # ---------------------------------------------------------------------------------------------
 def table_efficiency(row_bytes: float, table: tuple = DMA_EFFICIENCY_TABLE) -> float:
-    """The digitized chart of ref §3.5, linearly interpolated (0 at 0 bytes, 1.0 from 32 KiB)."""
+    """The digitized chart of ref §3.5, linearly interpolated (0 at 0 bytes, 1.0 from 32 KiB).
+    (A reference: the model reads the chart only through :func:`descriptor_overhead_bytes`.)"""
     if row_bytes <= 0:
         return 0.0
     x0, y0 = table[0]
@@ -205,32 +232,56 @@ def table_efficiency(row_bytes: float, table: tuple = DMA_EFFICIENCY_TABLE) -> f
     return ya + (y1 - ya) * (row_bytes - xa) / (x1 - xa)
 
 
-def descriptor_overhead_bytes(params: CostParams | None = None) -> float:
-    """Per-descriptor overhead, in byte-times, implied by the chart at the anchor size.
+@functools.cache
+def _fit_overhead(table: tuple, min_bytes: float) -> float:
+    """Least-squares ``d`` of ``r(b) = [b / (b + d)] / [B / (B + d)]`` against the chart points
+    ``b >= min_bytes`` (B = the chart's last size, the chart's 1.0). Golden-section search."""
+    pts = [(x, y) for x, y in table if x >= min_bytes]
+    top = table[-1][0]
 
-    With ``t(b) = d + b/bw`` per descriptor, efficiency is ``b / (b + d*bw)``; the chart's
-    2 KiB point (0.81) gives ``d*bw = 2048 * (1/0.81 - 1) = 480 B`` (20.9 ns at 23 B/ns).
+    def sse(d):
+        norm = top / (top + d)
+        return sum((x / (x + d) / norm - y) ** 2 for x, y in pts)
+
+    lo, hi = 0.0, float(min_bytes)
+    g = (5 ** 0.5 - 1) / 2
+    for _ in range(100):
+        m1, m2 = hi - g * (hi - lo), lo + g * (hi - lo)
+        if sse(m1) <= sse(m2):
+            hi = m2
+        else:
+            lo = m1
+    return (lo + hi) / 2
+
+
+def descriptor_overhead_bytes(params: CostParams | None = None) -> float:
+    """Per-descriptor overhead of a DMA queue, in byte-times (~162 B: 9.5 ns at 17 B/ns on trn1,
+    7.0 ns at 23 B/ns on trn2).
+
+    With ``t(b) = (b + d) / bw`` per descriptor, efficiency is ``b / (b + d)``. ``d`` is the
+    least-squares fit of that curve (normalized to the chart's 32 KiB value) to the digitized chart
+    of ref §3.5 at 4, 8 and 16 KiB per partition: the points where the chart is bandwidth-bound
+    ("≥4 KiB saturates"). Solving each point alone gives 145 / 224 / 334 B; the 16 KiB point is the
+    least certain (0.99 read off an unlabeled axis: 0.995 would give 165 B), and least squares
+    weighs the points by how much they constrain ``d``. The chart's points up to 2 KiB are not
+    used: there a P=128 transfer takes the same ~1.1-1.2 us (trn1 scale) / ~0.8-0.9 us (trn2
+    scale) at any size, i.e. they measure a transfer's fixed latency, which the schedule charges
+    separately (``dma_fixed_ns`` / the DGE issue). (Anchoring ``d`` at the 2 KiB point, as an
+    earlier version did, gave 480 B, which contradicts the chart's own 4 KiB point: 0.91 against
+    0.97.)
     """
     p = params if params is not None else COST_PARAMS["trn2"]
-    b = p.dma_efficiency_anchor_bytes
-    return b * (1.0 / table_efficiency(b, p.dma_efficiency) - 1.0)
+    return _fit_overhead(tuple(p.dma_efficiency), float(p.dma_overhead_fit_min_bytes))
 
 
 def dma_efficiency(row_bytes: float, params: CostParams | None = None) -> float:
-    """Fraction of peak per-queue bandwidth reached with descriptors of ``row_bytes`` (ref §3.5).
-
-    ``max(chart, b / (b + overhead))``: the digitized chart, except where a per-descriptor overhead
-    anchored at the chart's 2 KiB point is higher. Below ~2 KiB the chart's transfer time is flat
-    (~850 ns for a P=128 transfer: it is the transfer's own fixed cost, which the schedule
-    already charges as ``dma_fixed_ns`` or the DGE issue), so reading it as throughput would count
-    it twice (it doubles the estimate of ROW_CHUNK=128 / stream FREE_DIM=2, cs149 §5). Monotone.
-    """
-    p = params if params is not None else COST_PARAMS["trn2"]
+    """Fraction of peak per-queue bandwidth reached with descriptors of ``row_bytes``:
+    ``b / (b + d)``, ``d`` = :func:`descriptor_overhead_bytes` (ref §3.5). Monotone, below 1.
+    (Each descriptor is its own contiguous HBM run; see :func:`dma_plan` for transfers whose HBM
+    side is one contiguous run.)"""
     if row_bytes <= 0:
         return 0.0
-    chart = table_efficiency(row_bytes, p.dma_efficiency)
-    desc = row_bytes / (row_bytes + descriptor_overhead_bytes(p))
-    return chart if chart > desc else desc
+    return row_bytes / (row_bytes + descriptor_overhead_bytes(params))
 
 
 @dataclass(slots=True)
@@ -265,14 +316,31 @@ class DmaPlan:
         return self.fixed_ns + self.occupancy_ns
 
 
-def _row_ns(params: CostParams, row_bytes: float, hbm_sides: int, factor: float) -> float:
-    key = (row_bytes, hbm_sides, factor)
+def _row_ns(params: CostParams, row_bytes: float, hbm_sides: int, factor: float,
+            runs_per_row: float = 1.0) -> float:
+    """Queue time of one descriptor: its bytes plus ``runs_per_row`` descriptor overheads."""
+    key = (row_bytes, hbm_sides, factor, runs_per_row)
     v = params._row_ns_cache.get(key)
     if v is None:
         bw = params.queue_bytes_per_ns(hbm_sides) * factor
-        v = row_bytes / (bw * dma_efficiency(row_bytes, params)) if row_bytes > 0 else 0.0
+        d = descriptor_overhead_bytes(params)
+        v = (row_bytes + d * runs_per_row) / bw if row_bytes > 0 else 0.0
         params._row_ns_cache[key] = v
     return v
+
+
+def _hbm_contiguous(instr: Instr, nbytes: float) -> bool:
+    """Is every HBM side of the DMA one contiguous byte range? (An HBM region is the bounding
+    range of the access, so it is contiguous exactly when it spans the bytes moved. A casting DMA
+    moves a different byte count on its HBM side and is conservatively taken as not contiguous.)"""
+    seen = False
+    for regions in (instr.reads, instr.writes):
+        for r in regions:
+            if r.buffer == "hbm":
+                if r.b1 - r.b0 != nbytes:
+                    return False
+                seen = True
+    return seen
 
 
 def dma_plan(instr: Instr, params: CostParams) -> DmaPlan:
@@ -282,6 +350,17 @@ def dma_plan(instr: Instr, params: CostParams) -> DmaPlan:
     ``detail["dst"]`` (buffers "hbm"/"sbuf"); falls back to the instruction's regions. A transfer
     of P partitions is at least one descriptor per partition; the descriptors are spread over the
     16 queues, so a P=128 tile is 16 transfers of 8 partitions each (ref §3.5).
+
+    Descriptor overhead (:func:`descriptor_overhead_bytes`) is paid once per contiguous HBM run
+    a queue moves. Normally every descriptor is such a run. When the HBM side is one contiguous
+    range (``tile[...] = nl.load(v[m*128:(m+1)*128])``, ``nl.load(v3d[m])``), each queue's
+    consecutive partitions (8 for P=128, §3.5) are one contiguous HBM run, so the queue pays one
+    overhead for all of them; the SBUF side takes its partitions in parallel (its port moves 128
+    elements, one per partition, per cycle, ref §3.1), so splitting the run over partitions costs
+    only the bytes. Calibration check (cs149 §5, trn1, serialized iterations): 128 x 4-byte
+    partitions per DMA (ROW_CHUNK=128, 0.96-1.03 us/iter) cost no more than 1 x 4 bytes
+    (ROW_CHUNK=1, 1.07 us/iter). One overhead per partition would add ~0.2 us per iteration to
+    ROW_CHUNK=128 (3 DMAs x 8 descriptors x 9.8 ns on each queue); one per queue adds 0.03 us.
     """
     d = instr.detail
     nbytes = d.get("bytes")
@@ -299,6 +378,7 @@ def dma_plan(instr: Instr, params: CostParams) -> DmaPlan:
         dst = instr.writes[0].buffer if instr.writes else "hbm"
     hbm_sides = (src == "hbm") + (dst == "hbm")
     factor = 1.0
+    runs_per_row = 1.0
     if "transpose" in instr.op or d.get("transpose"):
         # A DMA transpose (load_transpose2d, dma_transpose) runs on the DMA engines' transpose
         # support at "up to 90%" (HBM->SBUF) / "50%" (SBUF->SBUF) of DMA throughput (ref §3.5);
@@ -306,8 +386,10 @@ def dma_plan(instr: Instr, params: CostParams) -> DmaPlan:
         factor = params.dma_transpose_hbm_factor if hbm_sides else params.dma_transpose_sbuf_factor
         rows = max(1, instr.partitions)
         row_bytes = nbytes / rows
-    row_ns = _row_ns(params, row_bytes, hbm_sides, factor)
     queues = min(params.dma_queues, rows)
+    if hbm_sides and factor == 1.0 and rows > queues and _hbm_contiguous(instr, nbytes):
+        runs_per_row = queues / rows            # one contiguous HBM run per queue
+    row_ns = _row_ns(params, row_bytes, hbm_sides, factor, runs_per_row)
     if params.dge:
         issue, fixed = params.dge_issue_ns + params.dge_descriptor_ns * rows, 0.0
     else:
@@ -321,33 +403,31 @@ def dma_plan(instr: Instr, params: CostParams) -> DmaPlan:
 def matmul_cycles(instr: Instr, params: CostParams) -> float:
     """MultiplyMoving II of an nc_matmul / PE transpose in TensorE cycles (ref §1.10, §3.3).
 
-    matmul: ``max(min(64, N_stationary), N_moving)`` with N_stationary = ``detail["M"]``,
-    N_moving = ``detail["N"]``; x4 with fp32 operands.
-    PE transpose (``detail["transpose"]``) of a (P, F) input: ``max(P, min(64, F))``, the same
-    formula with the data as stationary and the identity (P columns) as moving; fp32 x4 (NC-v2) /
-    x2 (NC-v3 transpose mode). P is ``detail["K"]``; F is read from the instruction's partitions
-    (the (F, P) result's), which does not depend on how M/N were assigned for a transpose.
+    ``max(min(64, N_stationary), N_moving)`` with N_stationary = ``detail["M"]`` (stationary
+    free size) and N_moving = ``detail["N"]`` (moving free size); x4 with fp32 operands. A PE
+    transpose of a (P, F) tile is ``nc_matmul(stationary=data, moving=identity)`` and is recorded
+    that way (M = F, N = P: the (F, P) result is (M, N)), so the same formula gives the reference's
+    transpose cost ``max(P, min(64, F))``; its fp32 factor is x4 on NC-v2 (a matmul) and x2 on
+    NC-v3 (transpose mode, §3.3).
     """
     d = instr.detail
-    if d.get("transpose"):
-        p = d.get("K", instr.free)
-        cyc = max(p, min(params.mm_init_cycles, instr.partitions))
-        return cyc * (params.fp32_transpose_factor if d.get("fp32") else 1.0)
     m = d.get("M", instr.partitions)
     n = d.get("N", instr.free)
     cyc = max(min(params.mm_init_cycles, m), n)
-    return cyc * (params.fp32_matmul_factor if d.get("fp32") else 1.0)
+    return cyc * _fp32_factor(d, params)
+
+
+def _fp32_factor(d: dict, params: CostParams) -> float:
+    if not d.get("fp32"):
+        return 1.0
+    return params.fp32_transpose_factor if d.get("transpose") else params.fp32_matmul_factor
 
 
 def load_stationary_cycles(instr: Instr, params: CostParams) -> float:
     """Fast LoadStationary II, N_stationary / 4 TensorE cycles (ref §3.3); fp32 scaled as MM.
     For a PE transpose the stationary is the (P, F) data: F / 4."""
     d = instr.detail
-    if d.get("transpose"):
-        return instr.partitions / params.ls_divisor * (
-            params.fp32_transpose_factor if d.get("fp32") else 1.0)
-    m = d.get("M", instr.partitions)
-    return m / params.ls_divisor * (params.fp32_matmul_factor if d.get("fp32") else 1.0)
+    return d.get("M", instr.partitions) / params.ls_divisor * _fp32_factor(d, params)
 
 
 def adjusted_flops_factor(instr: Instr, params: CostParams) -> float:

@@ -588,7 +588,9 @@ def nc_transpose(data, *, mask=None, dtype=None, engine=engine.unknown, **kwargs
             raise nki_error("err_transpose_on_tensor_engine_not_allowed_in_allocated_kernel")
     v = read(x, api, run).reshape(P, F).T
     detail = _detail(x)
-    detail.update(K=P, M=P, N=F, accumulate=False, transpose=True,
+    # the PE transpose is nc_matmul(stationary=data (P, F), moving=identity (P, P)): contraction
+    # K = P, stationary free M = F, moving free N = P, result (M, N) = (F, P) (ref §1.10, §3.3)
+    detail.update(K=P, M=F, N=P, accumulate=False, transpose=True,
                   fp32=x.dtype.itemsize == 4, flops=0)
     buf = nl.psum if eng == TENSOR else nl.sbuf
     return result_tile(run, (F, P), dtype or x.dtype, v, api, eng, (x,), detail, buffer=buf,

@@ -19,6 +19,7 @@ import sys
 import time
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from . import checks, context
 from .errors import nki_error
@@ -141,6 +142,11 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
     sig_names = list(inspect.signature(k.func).parameters)
     mutable = _mutable_params(k.func)
     context.push(run)
+    # nkisim runs thousands of small GEMMs (128x128 by 128x512); multi-threaded BLAS only adds
+    # synchronization to those and thrashes a loaded machine (measured on 2 cores under load:
+    # 15.6 ms per 128x128x444 fp32 matmul with 2 threads, 0.28 ms with 1). One thread while
+    # simulating; NKISIM_BLAS_THREADS overrides.
+    limits = threadpool_limits(int(os.environ.get("NKISIM_BLAS_THREADS", "1")), user_api="blas")
     try:
         wrapped = []
         mutables = {}
@@ -180,6 +186,7 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
         return _to_numpy(result)
     finally:
         context.pop()
+        limits.restore_original_limits()
 
 
 _LAST = [None]

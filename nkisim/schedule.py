@@ -35,8 +35,6 @@ from .cost import (
     adjusted_flops_factor,
     compute_ns,
     dma_plan,
-    load_stationary_cycles,
-    matmul_cycles,
     params_for,
 )
 from .trace import DMA, GPSIMD, SCALAR, TENSOR, VECTOR, Trace
@@ -512,6 +510,7 @@ def schedule(trace: Trace, arch: Arch | str | None = None,
     lat = {e: params.dep_latency_ns(e) for e in COMPUTE_ENGINES}
     tensor_ghz = a.tensor_ghz
     fp32_factor = params.fp32_matmul_factor
+    tr_factor = params.fp32_transpose_factor
     fp8_half = a.nc_version >= 3               # fp8 counts x0.5 in adjusted FLOPs on trn2
     states = {}
     states_get = states.get
@@ -653,22 +652,22 @@ def schedule(trace: Trace, arch: Arch | str | None = None,
                 d = ins.detail
                 tr = d.get("transpose")
                 fp32 = d.get("fp32")
+                # max(min(64, N_stationary), N_moving), LoadStationary N_stationary / 4; a PE
+                # transpose is recorded as the matmul it is (M = F, N = P), x4 / x2 for fp32
                 m = d.get("M")
-                if tr or m is None:
-                    cyc = matmul_cycles(ins, params)
-                    ls = load_stationary_cycles(ins, params)
-                else:
-                    # nc_matmul: max(min(64, N_stationary), N_moving), x4 for fp32 (cost.py)
-                    nm = d.get("N")
-                    if nm is None:
-                        nm = ins.free
-                    cyc = m if m < mm_init else mm_init
-                    if nm > cyc:
-                        cyc = nm
-                    ls = m / ls_div
-                    if fp32:
-                        cyc *= fp32_factor
-                        ls *= fp32_factor
+                if m is None:
+                    m = ins.partitions
+                nm = d.get("N")
+                if nm is None:
+                    nm = ins.free
+                cyc = m if m < mm_init else mm_init
+                if nm > cyc:
+                    cyc = nm
+                ls = m / ls_div
+                if fp32:
+                    f32 = tr_factor if tr else fp32_factor
+                    cyc *= f32
+                    ls *= f32
                 dur = cyc / tensor_ghz
                 ef = free.get(eng)
                 if ef is None or dep > ef:

@@ -57,14 +57,16 @@ class _Loader(importlib.abc.Loader):
             m.__path__ = []
             m.__nkisim__ = True
             return m
-        target = _MODULES[spec.name]
-        return importlib.import_module(target)
+        module = importlib.import_module(_MODULES[spec.name])
+        self._spec = module.__spec__     # the import system overwrites __spec__; keep nkisim's
+        return module
 
     def exec_module(self, module):
         if module.__name__ == "neuronxcc":
             return
-        # submodules are attributes of their parents
-        parent, _, child = module.__spec__.name.rpartition(".") if module.__spec__ else ("", "", "")
+        # give the nkisim module its own spec back, so its relative imports keep working
+        # (otherwise `__package__ != __spec__.parent` ImportWarnings)
+        module.__spec__ = self._spec
 
 
 class _Finder(importlib.abc.MetaPathFinder):
@@ -120,12 +122,11 @@ def uninstall() -> None:
     if _finder in sys.meta_path:
         sys.meta_path.remove(_finder)
     for name in list(sys.modules):
-        if (name == "neuronxcc" or name.startswith("neuronxcc.")) and \
-                getattr(sys.modules[name], "__spec__", None) is not None and \
-                getattr(sys.modules[name].__spec__, "origin", None) == "nkisim":
-            del sys.modules[name]
-        elif name == "neuronxcc" and getattr(sys.modules[name], "__nkisim__", False):
-            del sys.modules[name]
+        if name == "neuronxcc" or name.startswith("neuronxcc."):
+            mod = sys.modules[name]
+            if getattr(mod, "__nkisim__", False) or \
+                    getattr(mod, "__name__", "").startswith(("nkisim", "neuronxcc.nki.compiler.")):
+                del sys.modules[name]
 
 
 def _compat() -> None:

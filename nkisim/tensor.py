@@ -86,7 +86,7 @@ class Allocation:
 
     __slots__ = ("id", "buffer", "name", "key", "ptr", "row_bytes", "p_base", "shadow", "param",
                  "mutable", "live", "pbytes", "banks", "loop", "file", "line", "direct",
-                 "dtype", "shape", "epoch", "hi", "gen", "full", "__weakref__")
+                 "dtype", "shape", "epoch", "hi", "gen", "full", "uniform", "__weakref__")
 
     def __init__(self, buffer, name, dtype, shape):
         self.buffer = buffer          # "hbm" | "sbuf" | "psum"
@@ -112,6 +112,7 @@ class Allocation:
         self.hi = 0                   # upper bound of the epochs in its shadow (nkisim.checks)
         self.gen = 0                  # number of writes (nkisim.checks)
         self.full = -1                # True once fully written, else `gen` of the last check
+        self.uniform = None           # the epoch of every shadow element, when known
 
 
 _ids = iter(range(1, 1 << 62))

@@ -17,6 +17,7 @@ from nkisim.cost import (
 from nkisim.schedule import _DmaPool, schedule
 from nkisim.trace import DMA, GPSIMD, SCALAR, TENSOR, VECTOR, Instr, Region, Trace
 
+P1 = COST_PARAMS["trn1"]
 P2 = COST_PARAMS["trn2"]
 P2_DESC = params_for("trn2", dge=False)
 LAT_V = 200 / 0.96          # dependent-instruction latency after a VectorE producer (trn2)
@@ -557,6 +558,23 @@ def test_vector_add_stream_profiled_plausible_trn2(free_dim, measured_us):
     s = vector_add_stream(256000, free_dim, P2_DESC)
     assert s.total_us == pytest.approx(measured_us, rel=0.15)
     assert s.bottleneck == "dma"
+
+
+# trn1 (descriptor DMA path): the handout's vector_add_tiled declares its tiles, so its iterations
+# serialize (one buffer each); nc_latency p99 minus the launch overhead, per iteration
+@pytest.mark.parametrize("rc,iters,measured_us", [(1, 25600, 27404), (128, 200, 206)])
+def test_vector_add_tiled_per_iteration_plausible_trn1(rc, iters, measured_us):
+    s = vector_add_tiled(400, rc, P1)
+    per_iter = (measured_us - P1.launch_ns / 1e3) / iters
+    assert s.makespan_ns / 400 / 1e3 == pytest.approx(per_iter, rel=0.1)
+
+
+def test_tiny_contiguous_descriptors_are_cheap_on_trn1():
+    # measured: 128 x 4-byte partitions per DMA cost no more per iteration than 1 x 4 bytes
+    # (0.96 against 1.07 us): the 16 queues each move one 32-byte HBM run, not 8 descriptors
+    one = vector_add_tiled(400, 1, P1).makespan_ns
+    wide = vector_add_tiled(400, 128, P1).makespan_ns
+    assert wide < 1.05 * one
 
 
 def test_streaming_beats_tiling_as_on_the_device():

@@ -1,0 +1,785 @@
+"""The checks the real simulator lacks (nkisim.checks, nkisim.memory, issue 5): races between
+affine_range iterations and SPMD instances, uninitialized reads, outputs not written, tiles used
+out of scope, writes to inputs, SBUF/PSUM capacity, suspicious-pattern warnings; and that each
+can be turned off.
+
+Truth: the NKI rules of nki-reference §1.2 (tiles, buffers), §1.4 (PSUM banks), §1.5 (output
+dependencies), §1.9 (affine_range, associative reductions, scoping), §1.11 (PSUM accumulation),
+§2 (error codes) and §3.1 (SBUF/PSUM capacity); byte counts are computed from shapes here.
+"""
+
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+from nkisim import NKIWarning, nki
+from nkisim import isa as nisa
+from nkisim import language as nl
+from nkisim.context import ALL_CHECKS, parse_checks
+from nkisim.runtime import simulate
+
+RNG = np.random.default_rng(5)
+F32 = 4
+
+
+def rand(*shape):
+    return RNG.random(shape, dtype=np.float32)
+
+
+def run(body, *args, checks="all", target=None, **kwargs):
+    """Simulate ``body`` as a kernel with NKI warnings as errors; return (output, Run)."""
+    kernel = nki.jit(body)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NKIWarning)
+        out = simulate(kernel, args, kwargs, checks_spec=checks, target=target)
+    return out, kernel.last_run
+
+
+def raises(code, body, *args, checks="all", **kwargs):
+    """Run ``body``; assert it raises NKI error ``code``; return the message."""
+    with pytest.raises(Exception) as info:
+        run(body, *args, checks=checks, **kwargs)
+    assert getattr(info.value, "nki_code", None) == code, str(info.value)
+    return str(info.value)
+
+
+def collect_warnings(body, *args, checks="all"):
+    kernel = nki.jit(body)
+    with warnings.catch_warnings(record=True) as ws:
+        warnings.simplefilter("always", NKIWarning)
+        out = simulate(kernel, args, {}, checks_spec=checks)
+    return out, [w for w in ws if issubclass(w.category, NKIWarning)]
+
+
+# ---------------------------------------------------------------------------------------------
+# selecting checks
+
+
+def test_parse_checks():
+    assert parse_checks(None) == parse_checks("all") == frozenset(ALL_CHECKS)
+    assert parse_checks("none") == frozenset()
+    assert parse_checks("uninit,races") == {"uninit", "races"}
+    assert parse_checks("-races,-capacity") == frozenset(ALL_CHECKS) - {"races", "capacity"}
+    with pytest.raises(ValueError, match="unknown nkisim check"):
+        parse_checks("-speling")
+
+
+def test_all_checks_are_on_by_default(monkeypatch):
+    monkeypatch.delenv("NKISIM_CHECKS", raising=False)
+    kernel = nki.jit(_waw_same_output_location)
+    with pytest.raises(SyntaxError):
+        kernel(rand(128, 512))
+    monkeypatch.setenv("NKISIM_CHECKS", "-races")
+    kernel(rand(128, 512))
+    assert "races" not in kernel.last_run.checks
+
+
+# ---------------------------------------------------------------------------------------------
+# races in affine_range: output dependencies (WAW)
+
+
+def _waw_same_output_location(a):
+    out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+    for i in nl.affine_range(4):
+        t = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(src=a[:, i * 128:(i + 1) * 128], dst=t)
+        nisa.dma_copy(src=t, dst=out)       # every iteration writes the same place
+    return out
+
+
+def test_output_dependency_names_loop_tensor_region_and_iterations():
+    msg = raises("err_unexpected_output_dependencies", _waw_same_output_location, rand(128, 512))
+    m = re.match(r"Unexpected output dependencies, different iterations of the `i` loop "
+                 r"\(affine_range at test_checks\.py:(\d+)\) write to `out\[0:128, 0:128\]`: "
+                 r"iteration 1 \('dma_copy' at test_checks\.py:(\d+)\) writes what iteration 0 "
+                 r"wrote; ", msg)
+    assert m, msg
+    assert int(m.group(2)) == int(m.group(1)) + 3       # the store, three lines below the loop
+
+
+def test_output_dependency_region_is_in_tensor_coordinates():
+    def body(a):
+        out = nl.ndarray((256, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(src=a[0:128, :], dst=out[0:128, :])
+        for i in nl.affine_range(3):
+            t = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.dma_copy(src=a[0:128, 0:64], dst=t)
+            nisa.dma_copy(src=t, dst=out[128:256, 64 + 32 * i:128 + 32 * i])   # overlap by 32
+        return out
+
+    msg = raises("err_unexpected_output_dependencies", body, rand(256, 512))
+    assert "write to `out[128:256, 96:128]`: iteration 1" in msg and "iteration 0 wrote" in msg
+
+
+@pytest.mark.parametrize("kind", ["sequential_range", "static_range"])
+def test_ordered_loops_may_write_the_same_location(kind):
+    def body(a):
+        out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        for i in getattr(nl, kind)(4):
+            t = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.dma_copy(src=a[:, i * 128:(i + 1) * 128], dst=t)
+            nisa.dma_copy(src=t, dst=out)
+        return out
+
+    a = rand(128, 512)
+    out, _ = run(body, a)
+    assert np.array_equal(out, a[:, 384:512])           # the last iteration wins, in order
+
+
+def test_disjoint_output_slices_and_fresh_tiles_per_iteration_are_fine():
+    def body(a):
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        for i in nl.affine_range(4):
+            t = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)   # new storage
+            nisa.dma_copy(src=a[:, i * 128:(i + 1) * 128], dst=t)
+            r = nisa.tensor_scalar(t, nl.multiply, 2.0)
+            nisa.dma_copy(src=r, dst=out[:, i * 128:(i + 1) * 128])
+        return out
+
+    a = rand(128, 512)
+    out, _ = run(body, a)
+    assert np.array_equal(out, 2 * a)
+
+
+def test_memset_of_a_shared_tile_in_every_iteration_is_an_output_dependency():
+    def body():
+        a = nl.ndarray((4, 4), dtype=nl.float32)
+        for _ in nl.affine_range(4):
+            a[0:1, :] = 0.0                  # the reference's own example (ref §1.5)
+
+    raises("err_unexpected_output_dependencies", body)
+
+
+# ---------------------------------------------------------------------------------------------
+# races in affine_range: loop-carried dependencies (RAW)
+
+
+def _sbuf_reduction(a):
+    out = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+    acc = nl.zeros((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+    for k in nl.affine_range(4):
+        t = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(src=a[:, k * 128:(k + 1) * 128], dst=t)
+        s = nisa.tensor_reduce(nl.add, t, axis=1, keepdims=True)
+        acc[...] = nisa.tensor_tensor(acc, s, nl.add)
+    nisa.dma_copy(src=acc, dst=out)
+    return out
+
+
+def test_loop_carried_dependency_names_loop_reader_tensor_region_and_iterations():
+    msg = raises("nkisim_loop_carried_dependency", _sbuf_reduction, rand(128, 512))
+    assert re.match(r"loop-carried dependency in the `k` loop \(affine_range at "
+                    r"test_checks\.py:\d+\): 'tensor_tensor' at test_checks\.py:\d+ in "
+                    r"iteration 1 reads `acc\[0:128, 0:1\]`, written by iteration 0; ", msg), msg
+
+
+def test_the_same_reduction_in_sequential_range_is_fine():
+    def body(a):
+        out = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+        for k in nl.sequential_range(4):
+            t = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.dma_copy(src=a[:, k * 128:(k + 1) * 128], dst=t)
+            s = nisa.tensor_reduce(nl.add, t, axis=1, keepdims=True)
+            acc[...] = nisa.tensor_tensor(acc, s, nl.add)
+        nisa.dma_copy(src=acc, dst=out)
+        return out
+
+    a = rand(128, 512)
+    out, _ = run(body, a)
+    np.testing.assert_allclose(out[:, 0], a.sum(axis=1), rtol=1e-5)
+
+
+def test_reading_another_iterations_slice_is_a_dependency():
+    def body(a):
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        buf = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+        for i in nl.affine_range(4):
+            nisa.dma_copy(src=a[:, i * 128:(i + 1) * 128], dst=buf[:, i * 128:(i + 1) * 128])
+            j = max(i - 1, 0)                                    # the previous iteration's
+            nisa.dma_copy(src=buf[:, j * 128:(j + 1) * 128], dst=out[:, i * 128:(i + 1) * 128])
+        return out
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NKIWarning)        # max() on the loop variable
+        with pytest.raises(ValueError) as info:
+            simulate(nki.jit(body), (rand(128, 512),), {}, checks_spec="all")
+    assert info.value.nki_code == "nkisim_loop_carried_dependency"
+    assert "iteration 1 reads `buf[0:128, 0:128]`, written by iteration 0" in str(info.value)
+
+
+def test_partial_writes_after_a_whole_write_are_still_tracked():
+    """The per-tensor summaries (a tile written as a whole has one epoch) must not hide the
+    iterations' partial writes."""
+    def body(a, read_back=False):
+        out = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.shared_hbm)
+        buf = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.sbuf)
+        buf[...] = 0.0                                       # the whole tile, before the loop
+        for i in nl.affine_range(2):
+            if read_back:
+                t = nisa.tensor_copy(buf[:, 0:128])         # iteration 1 reads iteration 0's
+                buf[:, 128 * i:128 * (i + 1)] = nisa.tensor_scalar(t, nl.add, 1.0)
+            else:
+                buf[:, 0:128] = nisa.tensor_scalar(_load(a[:, 0:128]), nl.add, 1.0)
+        nisa.dma_copy(src=buf, dst=out)
+        return out
+
+    msg = raises("err_unexpected_output_dependencies", body, rand(128, 256))
+    assert "write to `buf[0:128, 0:128]`: iteration 1" in msg
+    msg = raises("nkisim_loop_carried_dependency", body, rand(128, 256), read_back=True)
+    assert "iteration 1 reads `buf[0:128, 0:128]`, written by iteration 0" in msg
+
+
+def test_tile_written_before_the_loop_and_read_inside_is_fine():
+    def body(a):
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        w = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(src=a[:, 0:128], dst=w)
+        for i in nl.affine_range(4):
+            t = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.dma_copy(src=a[:, i * 128:(i + 1) * 128], dst=t)
+            r = nisa.tensor_tensor(w, t, nl.add)
+            nisa.dma_copy(src=r, dst=out[:, i * 128:(i + 1) * 128])
+        return out
+
+    a = rand(128, 512)
+    out, _ = run(body, a)
+    assert np.array_equal(out, a + np.tile(a[:, :128], 4))
+
+
+def test_nested_loops_filling_a_stage_then_reading_it_are_fine():
+    def body(a):
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        for i in nl.affine_range(2):
+            stage = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.sbuf)
+            for j in nl.affine_range(2):
+                c0 = (2 * i + j) * 128
+                stage[:, j * 128:(j + 1) * 128] = nisa.tensor_scalar(_load(a[:, c0:c0 + 128]),
+                                                                     nl.add, 1.0)
+            nisa.dma_copy(src=stage, dst=out[:, i * 256:(i + 1) * 256])
+        # a later loop reads what the earlier loops wrote: ordered by program order
+        for i in nl.affine_range(2):
+            t = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.dma_copy(src=out[:, (1 - i) * 256:(2 - i) * 256], dst=t)
+        return out
+
+    a = rand(128, 512)
+    out, _ = run(body, a)
+    assert np.array_equal(out, a + np.float32(1))
+
+
+@nki.jit
+def _load(src):
+    """A kernel called from a kernel (runs inline): load an HBM slice into a new tile."""
+    t = nl.ndarray(src.shape, dtype=src.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(src=src, dst=t)
+    return t
+
+
+def test_sequential_loop_inside_affine_loop_is_ordered():
+    def body(a):
+        out = nl.ndarray((128, 2), dtype=nl.float32, buffer=nl.shared_hbm)
+        for i in nl.affine_range(2):
+            acc = nl.zeros((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+            for k in nl.sequential_range(2):
+                c0 = (2 * i + k) * 128
+                s = nisa.tensor_reduce(nl.add, _load(a[:, c0:c0 + 128]), axis=1, keepdims=True)
+                acc[...] = nisa.tensor_tensor(acc, s, nl.add)
+            nisa.dma_copy(src=acc, dst=out[:, i:i + 1])
+        return out
+
+    a = rand(128, 512)
+    out, _ = run(body, a)
+    np.testing.assert_allclose(out, a.reshape(128, 2, 256).sum(axis=2), rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# the PSUM accumulation pattern (ref §1.9, §1.11)
+
+
+def _matmul_acc(a, read_inside=False, zero_outside_outer=False):
+    out = nl.ndarray((2, 128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+    if zero_outside_outer:
+        acc = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+    for j in nl.affine_range(2):
+        if not zero_outside_outer:
+            acc = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+        for k in nl.affine_range(2):
+            t = _load(a[:, (2 * j + k) * 128:(2 * j + k + 1) * 128])
+            acc += nisa.nc_matmul(t, t)
+            if read_inside:
+                r = nisa.tensor_copy(acc)
+        if not read_inside:
+            r = nisa.tensor_copy(acc)
+        nisa.dma_copy(src=r, dst=out[j])
+    return out
+
+
+def test_psum_matmul_accumulation_in_affine_range_is_exempt():
+    a = rand(128, 512)
+    out, _ = run(_matmul_acc, a)
+    blocks = [a[:, 128 * c:128 * (c + 1)].astype(np.float64) for c in range(4)]
+    want = np.stack([blocks[0].T @ blocks[0] + blocks[1].T @ blocks[1],
+                     blocks[2].T @ blocks[2] + blocks[3].T @ blocks[3]])
+    np.testing.assert_allclose(out, want, rtol=1e-5)
+
+
+def test_reading_the_accumulator_inside_the_accumulation_loop_is_a_dependency():
+    msg = raises("nkisim_loop_carried_dependency", _matmul_acc, rand(128, 512),
+                 read_inside=True)
+    assert "the `k` loop" in msg and "iteration 1 reads `acc[0:128, 0:128]`" in msg
+
+
+def test_accumulator_zeroed_outside_the_outer_loop_is_a_dependency_of_that_loop():
+    msg = raises("nkisim_loop_carried_dependency", _matmul_acc, rand(128, 512),
+                 zero_outside_outer=True)
+    assert "the `j` loop" in msg and "iteration 1 reads `acc[0:128, 0:128]`" in msg
+    assert "written by iteration 0" in msg
+
+
+def test_accumulating_across_loops_read_after_all_of_them_is_fine():
+    def body(a):
+        out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+        for j in nl.affine_range(2):
+            for k in nl.affine_range(2):
+                t = _load(a[:, (2 * j + k) * 128:(2 * j + k + 1) * 128])
+                acc += nisa.nc_matmul(t, t)
+        nisa.dma_copy(src=nisa.tensor_copy(acc), dst=out)
+        return out
+
+    a = rand(128, 512).astype(np.float64)
+    out, _ = run(body, a.astype(np.float32))
+    want = sum(a[:, 128 * c:128 * (c + 1)].T @ a[:, 128 * c:128 * (c + 1)] for c in range(4))
+    np.testing.assert_allclose(out, want, rtol=1e-5)
+
+
+def test_matmul_assigned_instead_of_accumulated_is_an_output_dependency():
+    def body(a):
+        out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+        for k in nl.affine_range(4):
+            t = _load(a[:, k * 128:(k + 1) * 128])
+            acc[...] = nisa.nc_matmul(t, t)
+        nisa.dma_copy(src=nisa.tensor_copy(acc), dst=out)
+        return out
+
+    msg = raises("err_unexpected_output_dependencies", body, rand(128, 512))
+    assert "write to `acc[0:128, 0:128]`: iteration 1 ('nc_matmul'" in msg
+
+
+# ---------------------------------------------------------------------------------------------
+# SPMD grids: instances are checked like affine_range iterations over program ids
+
+
+def _spmd(a, same_tile=False, read_other=False):
+    out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+    i = nl.program_id(0)
+    c = 0 if same_tile else i
+    t = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(src=a[:, i * 128:(i + 1) * 128], dst=t)
+    nisa.dma_copy(src=t, dst=out[:, c * 128:(c + 1) * 128])
+    if read_other and i > 0:
+        u = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(src=out[:, 0:128], dst=u)        # what instance 0 wrote
+    return out
+
+
+def test_spmd_instances_writing_disjoint_slices_are_fine():
+    a = rand(128, 512)
+    out = simulate(nki.jit(_spmd)[4], (a,), {}, checks_spec="all")
+    assert np.array_equal(out, a)
+
+
+def test_spmd_instances_writing_the_same_location_is_an_output_dependency():
+    kernel = nki.jit(_spmd)[4]
+    with pytest.raises(SyntaxError) as info:
+        simulate(kernel, (rand(128, 512),), {"same_tile": True}, checks_spec="all")
+    assert info.value.nki_code == "err_unexpected_output_dependencies"
+    assert re.search(r"different iterations of the SPMD grid \(program instances of the kernel "
+                     r"at test_checks\.py:\d+\) write to `out\[0:128, 0:128\]`: program id "
+                     r"\(1,\) \('dma_copy' at test_checks\.py:\d+\) writes what program id "
+                     r"\(0,\) wrote", str(info.value)), str(info.value)
+
+
+def test_spmd_instance_reading_another_instances_output_is_a_dependency():
+    kernel = nki.jit(_spmd)[2]
+    with pytest.raises(ValueError) as info:
+        simulate(kernel, (rand(128, 512),), {"read_other": True}, checks_spec="all")
+    assert info.value.nki_code == "nkisim_loop_carried_dependency"
+    assert "in program id (1,) reads `out[0:128, 0:128]`, written by program id (0,)" in \
+        str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# uninitialized reads
+
+
+def test_uninitialized_read_names_tensor_region_and_line():
+    def body(a):
+        buf = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(src=a[:, 0:32], dst=buf[:, 0:32])
+        r = nisa.tensor_copy(buf[64:128, 16:48])         # columns 32:48 never written
+        return r
+
+    msg = raises("nkisim_uninitialized_read", body, rand(128, 64))
+    assert re.fullmatch(r"read of uninitialized memory: 'tensor_copy' at test_checks\.py:\d+ "
+                        r"reads `buf\[64:128, 32:48\]` \(1024 of 2048 elements never "
+                        r"written\)\.", msg), msg
+
+
+def test_uninitialized_psum_accumulator():
+    def body(a):
+        out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.psum)
+        for k in nl.affine_range(2):
+            t = _load(a[:, k * 128:(k + 1) * 128])
+            acc += nisa.nc_matmul(t, t)
+        nisa.dma_copy(src=nisa.tensor_copy(acc), dst=out)
+        return out
+
+    msg = raises("nkisim_uninitialized_read", body, rand(128, 256))
+    assert "'nc_matmul (accumulate)'" in msg and "`acc[0:128, 0:128]`" in msg
+    out, _ = run(body, rand(128, 256), checks="-uninit")
+    assert np.isnan(out).all()                           # nkisim's poison: NaN
+
+
+# ---------------------------------------------------------------------------------------------
+# outputs not written
+
+
+def test_handout_stream_with_free_dim_1000_at_25600_writes_nothing():
+    from nkisim import shim
+    shim.install()
+    from fixtures.handout import make_vector_add_stream
+    kernel = make_vector_add_stream(1000)
+    a, b = rand(25600), rand(25600)
+    with pytest.raises(ValueError) as info:
+        simulate(kernel, (a, b), {}, checks_spec="all")
+    assert info.value.nki_code == "err_tensor_output_not_written_to"
+    assert str(info.value).startswith(
+        "Output tensor `out` was never written to: all 25600 elements (region [0:128, 0:200]) "
+        "of shape [128, 200] (returned as [25600])")
+    out = simulate(kernel, (a, b), {}, checks_spec="-outputs")
+    assert np.isnan(out).all()
+
+
+def test_partially_written_output_reports_the_unwritten_region():
+    def body(a):
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        for i in nl.affine_range(3):                     # misses the last 128 columns
+            nisa.dma_copy(src=_load(a[:, i * 128:(i + 1) * 128]),
+                          dst=out[:, i * 128:(i + 1) * 128])
+        return out
+
+    msg = raises("err_tensor_output_not_written_to", body, rand(128, 512))
+    assert "16384 of 65536 elements (region [0:128, 384:512]) of shape [128, 512]" in msg
+
+
+# ---------------------------------------------------------------------------------------------
+# scope: tiles of a loop body live for one iteration (ref §1.9)
+
+
+def test_tile_used_after_its_loop_is_out_of_scope():
+    def body(a):
+        out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        for i in nl.affine_range(2):
+            t = _load(a[:, i * 128:(i + 1) * 128])
+        nisa.dma_copy(src=t, dst=out)
+        return out
+
+    a = rand(128, 256)
+    msg = raises("err_local_variable_used_out_of_scope", body, a)
+    assert msg.startswith("Local variable 't' is referenced outside of its parent scope")
+    out, _ = run(body, a, checks="-scope")
+    assert np.array_equal(out, a[:, 128:256])
+
+
+def test_static_range_tiles_are_unrolled_and_stay_in_scope():
+    def body(a):
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        tiles = []
+        for i in nl.static_range(4):
+            tiles.append(_load(a[:, i * 128:(i + 1) * 128]))
+        for i in nl.affine_range(4):
+            nisa.dma_copy(src=tiles[i], dst=out[:, i * 128:(i + 1) * 128])
+        return out
+
+    a = rand(128, 512)
+    out, r = run(body, a)
+    assert np.array_equal(out, a)
+    assert r.memory.summary()["peak_sbuf_bytes_per_partition"] == 4 * 128 * F32
+
+
+# ---------------------------------------------------------------------------------------------
+# writes to inputs
+
+
+@pytest.mark.parametrize("how", ["dma_copy", "store", "assignment"])
+def test_writing_an_input_is_rejected(how):
+    def body(a):
+        t = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(src=a, dst=t)
+        if how == "dma_copy":
+            nisa.dma_copy(src=t, dst=a)
+        elif how == "store":
+            nl.store(a, value=t)
+        else:
+            a[...] = t
+        return a
+
+    a = rand(128, 64)
+    before = a.copy()
+    msg = raises("err_cannot_update_immutable_parameter", body, a)
+    assert msg.startswith("Cannot update immutable parameter `a`")
+    assert np.array_equal(a, before)
+
+
+# ---------------------------------------------------------------------------------------------
+# capacity (ref §1.4, §3.1)
+
+
+def test_peak_counts_declared_tiles_and_instruction_results():
+    def body(a):
+        out = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.sbuf)        # 4096 B
+        nisa.dma_copy(src=a, dst=x)
+        y = nisa.tensor_scalar(x, nl.multiply, 2.0)                           # + 4096 B
+        z = nisa.tensor_scalar(y, nl.add, 1.0, dtype=nl.bfloat16)            # + 2048 B
+        nisa.dma_copy(src=z, dst=out)
+        return out
+
+    _, r = run(body, rand(128, 1024))
+    summary = r.memory.summary()
+    assert summary["peak_sbuf_bytes_per_partition"] == 1024 * (4 + 4 + 2)
+    assert r.trace.peak_sbuf_bytes == 1024 * (4 + 4 + 2)
+    assert summary["sbuf_usable_bytes_per_partition"] == 208 * 1024
+    assert summary["peak_psum_banks"] == 0 and summary["psum_banks"] == 8
+
+
+def test_retargeted_result_tile_is_not_counted():
+    def body(a):
+        out = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(src=a, dst=x)
+        x[...] = nisa.tensor_scalar(x, nl.multiply, 2.0)     # writes x in place
+        nisa.dma_copy(src=x, dst=out)
+        return out
+
+    a = rand(128, 1024)
+    out, r = run(body, a)
+    assert np.array_equal(out, 2 * a)
+    assert r.memory.summary()["peak_sbuf_bytes_per_partition"] == 1024 * F32
+
+
+def test_tiles_are_released_at_the_end_of_their_iteration_and_when_unreachable():
+    def body(a):
+        out = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.shared_hbm)
+        keep = []
+        for i in nl.affine_range(8):
+            t = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.dma_copy(src=a[:, i * 128:(i + 1) * 128], dst=t)
+            keep.append(t)                                   # reachable, but out of scope
+            nisa.dma_copy(src=t, dst=out[:, i * 128:(i + 1) * 128])
+        big = nl.ndarray((128, 4096), dtype=nl.float32, buffer=nl.sbuf)
+        del big                                              # unreachable: freed
+        big2 = nl.ndarray((128, 4096), dtype=nl.float32, buffer=nl.sbuf)
+        del big2
+        return out
+
+    _, r = run(body, rand(128, 1024))
+    assert r.memory.summary()["peak_sbuf_bytes_per_partition"] == 4096 * F32
+    assert r.memory.sbuf_live == 0
+
+
+def test_psum_banks_are_counted_per_tile():
+    def body(a):
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = _load(a[:, 0:128])
+        p1 = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)      # a full bank
+        p2 = nl.zeros((128, 64), dtype=nl.float32, buffer=nl.psum)       # a bank too
+        p1 += nisa.nc_matmul(t, _load(a[:, 0:512]))
+        p2[...] = nisa.nc_matmul(t, _load(a[:, 0:64]))
+        nisa.dma_copy(src=nisa.tensor_copy(p1), dst=out)
+        return out
+
+    _, r = run(body, rand(128, 512))
+    assert r.memory.summary()["peak_psum_banks"] == 2
+
+
+def test_sbuf_overflow_names_the_largest_live_tensors():
+    def body(a):
+        w = nl.ndarray((128, 100, 256), dtype=nl.float32, buffer=nl.sbuf)   # 102400 B
+        x = nl.ndarray((128, 24, 1024), dtype=nl.float32, buffer=nl.sbuf)   # 98304 B
+        y = nl.ndarray((128, 4096), dtype=nl.float32, buffer=nl.sbuf)       # 16384 B: over
+        return w, x, y
+
+    msg = raises("nkisim_sbuf_overflow", body, rand(1))
+    assert msg.startswith("SBUF overflow: live tensors need 217088 bytes per partition, more "
+                          "than the 212992 usable bytes per partition of trn2")
+    largest = msg.split("Largest live tensors: ")[1]
+    assert re.fullmatch(r"`w` \[128, 100, 256\] float32: 102400 B \(test_checks\.py:\d+\); "
+                        r"`x` \[128, 24, 1024\] float32: 98304 B \(test_checks\.py:\d+\); "
+                        r"`y` \[128, 4096\] float32: 16384 B \(test_checks\.py:\d+\)\.", largest)
+
+
+@pytest.mark.parametrize("target, fits", [("trn1", False), ("trn2", True)])
+def test_sbuf_limit_depends_on_the_target(target, fits):
+    def body():
+        t = nl.ndarray((128, 180 * 256), dtype=nl.float32, buffer=nl.sbuf)    # 180 KiB
+        t[...] = 0.0
+
+    if fits:
+        run(body, target=target)
+    else:
+        msg = raises("nkisim_sbuf_overflow", body, target=target)
+        assert "more than the 180224 usable bytes per partition of trn1" in msg
+        run(body, target=target, checks="-capacity")
+
+
+def test_psum_overflow_at_nine_banks():
+    def body():
+        tiles = []
+        for _ in nl.static_range(9):
+            tiles.append(nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum))
+
+    msg = raises("nkisim_psum_overflow", body)
+    assert msg.startswith("PSUM overflow: live tensors need 9 PSUM banks, more than the 8 banks")
+    assert "9 tiles x 1 bank" in msg
+    run(body, checks="-capacity")
+
+
+# ---------------------------------------------------------------------------------------------
+# warnings: once per site, and off with the `warnings` check
+
+
+def _psum_fp16(a):
+    out = nl.ndarray((128, 128), dtype=nl.float16, buffer=nl.shared_hbm)
+    for _ in nl.affine_range(3):
+        acc = nl.zeros((128, 128), dtype=nl.float16, buffer=nl.psum)
+        for k in nl.affine_range(2):
+            t = _load(a[:, k * 128:(k + 1) * 128])
+            acc += nisa.nc_matmul(t, t)
+        nisa.dma_copy(src=nisa.tensor_copy(acc), dst=out)   # (the race is not the point)
+    return out
+
+
+def test_psum_accumulator_not_fp32_warns_once_per_site():
+    _, ws = collect_warnings(_psum_fp16, rand(128, 256).astype(np.float16), checks="-races")
+    assert len(ws) == 1
+    assert str(ws[0].message).startswith("PSUM accumulator `acc` is float16")
+    assert ws[0].filename.endswith("test_checks.py")
+    _, ws = collect_warnings(_psum_fp16, rand(128, 256).astype(np.float16),
+                             checks="-races,-warnings")
+    assert ws == []
+
+
+def test_python_control_flow_on_a_loop_variable_warns_once_per_site():
+    def body(a):
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        for i in nl.sequential_range(4):
+            if i == 0:
+                pass
+            if i > 1:
+                pass
+            nisa.dma_copy(src=_load(a[:, i * 128:(i + 1) * 128]),
+                          dst=out[:, i * 128:(i + 1) * 128])
+        return out
+
+    _, ws = collect_warnings(body, rand(128, 512))
+    assert len(ws) == 2 and len({w.lineno for w in ws}) == 2
+    assert all("Python control flow on an nl.*_range loop variable" in str(w.message)
+               for w in ws)
+    _, ws = collect_warnings(body, rand(128, 512), checks="-warnings")
+    assert ws == []
+
+
+def test_iadd_on_an_sbuf_tile_in_affine_range_warns():
+    def body(a):
+        out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        for i in nl.affine_range(4):
+            t = _load(a[:, i * 128:(i + 1) * 128])
+            t += 1.0                                    # on this iteration's own tile
+        return out
+
+    kernel = nki.jit(body)
+    with warnings.catch_warnings(record=True) as ws:
+        warnings.simplefilter("always", NKIWarning)
+        with pytest.raises(ValueError):                 # out is never written
+            simulate(kernel, (rand(128, 512),), {}, checks_spec="all")
+    ws = [w for w in ws if issubclass(w.category, NKIWarning)]
+    assert len(ws) == 1 and "on an SBUF tile inside affine_range" in str(ws[0].message)
+
+
+def test_control_flow_on_a_tile_value_is_an_error():
+    def body(a):
+        t = _load(a)
+        if t:
+            pass
+
+    raises("err_dynamic_control_flow_not_supported", body, rand(1, 1))
+    raises("err_ambiguous_tensor_truth_value", body, rand(4, 4))
+
+
+# ---------------------------------------------------------------------------------------------
+# each check can be turned off, independently of the others
+
+
+def _trips_uninit():
+    t = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(t)
+
+
+def _trips_outputs():
+    return nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+
+
+def _trips_capacity():
+    t = nl.ndarray((128, 60000), dtype=nl.float32, buffer=nl.sbuf)
+    t[...] = 0.0
+
+
+def _trips_warnings():
+    t = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+    acc = nl.zeros((128, 128), dtype=nl.bfloat16, buffer=nl.psum)
+    acc += nisa.nc_matmul(t, t)
+
+
+def _trips_inputs(a):
+    t = _load(a)
+    nisa.dma_copy(src=t, dst=a)
+
+
+def _trips_scope():
+    for _ in nl.affine_range(2):
+        t = nl.zeros((128, 8), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(t)
+
+
+TRIPS = {"uninit": (_trips_uninit, ()), "races": (_sbuf_reduction, (rand(128, 512),)),
+         "outputs": (_trips_outputs, ()), "capacity": (_trips_capacity, ()),
+         "warnings": (_trips_warnings, ()), "inputs": (_trips_inputs, (rand(128, 8),)),
+         "scope": (_trips_scope, ())}
+
+
+def test_every_check_has_a_tripwire():
+    assert set(TRIPS) == set(ALL_CHECKS)
+
+
+@pytest.mark.parametrize("check", ALL_CHECKS)
+def test_each_check_can_be_turned_off(check):
+    body, args = TRIPS[check]
+    with pytest.raises((Exception, NKIWarning)):
+        run(body, *args)
+    run(body, *args, checks=f"-{check}")
+    with pytest.raises((Exception, NKIWarning)):
+        run(body, *args, checks=check)          # this check alone catches it
+
+
+def test_writing_an_input_with_the_inputs_check_off_updates_the_array():
+    a = rand(128, 8)
+    b = a.copy()
+    run(_trips_inputs, a, checks="-inputs")
+    assert np.array_equal(a, b)                  # the same values were written back

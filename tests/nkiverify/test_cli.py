@@ -1,0 +1,181 @@
+"""``nki-verify``: the table, progress, exit status, case selection, the JSON report, bench."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+
+from fixtures.configs import CASES
+from nkiverify import cli, registry
+
+BAD_KERNEL = '''
+import neuronxcc.nki as nki
+import neuronxcc.nki.isa as nisa
+import neuronxcc.nki.language as nl
+
+
+@nki.jit
+def forgets_b(a_vec, b_vec):
+    out = nl.ndarray(a_vec.shape, dtype=a_vec.dtype, buffer=nl.hbm)
+    a = nl.ndarray((a_vec.shape[0], 1), dtype=a_vec.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(src=a_vec, dst=a)
+    nisa.dma_copy(src=a, dst=out)
+    return out
+
+
+@nki.jit
+def raises(a_vec, b_vec):
+    raise ValueError("this kernel is broken")
+'''
+
+
+@pytest.fixture
+def bad_naive(tmp_path, monkeypatch):
+    """Point the registry's `naive` kernel at a buggy module; returns a setter for the attr."""
+    (tmp_path / "nkv_cli_bad_kernels.py").write_text(BAD_KERNEL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def use(attr):
+        spec = dataclasses.replace(registry.KERNELS["naive"],
+                                   import_path=f"nkv_cli_bad_kernels:{attr}")
+        monkeypatch.setitem(registry.KERNELS, "naive", spec)
+    return use
+
+
+def test_run_prints_the_table_and_progress(capsys, tmp_path):
+    path = tmp_path / "r.json"
+    code = cli.main(["--cases", "stream-n384,naive-n128", "--report", str(path)])
+    out, err = capsys.readouterr()
+    assert code == 0
+    header = next(line for line in out.splitlines() if line.startswith("case"))
+    for col in ("dtype", "result", "max ULP", "p99 ULP", "max rel", "total s"):
+        assert col in header
+    rows = [line.split() for line in out.splitlines()
+            if line.startswith(("stream-n384", "naive-n128"))]
+    assert [(r[0], r[1], r[3]) for r in rows] == [
+        ("naive-n128", "float32", "PASS"), ("stream-n384", "float32", "PASS"),
+        ("stream-n384", "float16", "PASS"), ("stream-n384", "bfloat16", "PASS")]
+    assert "4 passed, 0 failed" in out
+    # progress: a line as each case starts and finishes (stderr is not a tty here)
+    assert "[1/4] naive-n128 float32 ..." in err and "[4/4] stream-n384 bfloat16 PASS" in err
+    data = json.loads(path.read_text())
+    assert len(data["cases"]) == 4 and all(c["passed"] for c in data["cases"])
+
+
+def test_run_is_the_default_command(capsys):
+    assert cli.main(["run", "--cases", "naive-n64", "--dtypes", "bfloat16"]) == 0
+    out = capsys.readouterr().out
+    assert "naive-n64" in out and "1 passed, 0 failed" in out
+
+
+def test_a_wrong_kernel_fails_with_the_comparison(bad_naive, capsys):
+    bad_naive("forgets_b")
+    code = cli.main(["--cases", "naive-n128"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert "FAIL" in out and "0 passed, 1 failed" in out
+    assert "=== naive-n128 float32 ===" in err and "beyond tolerance" in err
+
+
+def test_a_kernel_that_raises_is_an_error_row(bad_naive, capsys):
+    bad_naive("raises")
+    code = cli.main(["--cases", "naive-n64", "--dtypes", "float16"])
+    out, err = capsys.readouterr()
+    assert code == 1 and "ERROR" in out
+    assert "ValueError: this kernel is broken" in err
+
+
+def test_selection(capsys):
+    quick = cli._select(None, True, None)
+    assert not any(c.slow for c, _ in quick)
+    assert len(cli._select(None, False, None)) == sum(len(c.dtypes) for c in CASES)
+    only_fp16 = cli._select("conv2d", False, ["float16"])
+    assert only_fp16 and all(c.kernel == "conv2d" and d == "float16" for c, d in only_fp16)
+    globbed = cli._select("transpose-*x1024", False, None)
+    assert {c.id for c, _ in globbed} == {"transpose-1024x1024", "transpose-512x1024"}
+    assert cli.main(["--cases", "nothing-matches"]) == 2
+    assert "no case matches" in capsys.readouterr().err
+
+
+def test_unknown_dtype_is_an_error():
+    with pytest.raises(SystemExit, match="unknown dtype 'float99'"):
+        cli.main(["--dtypes", "float99"])
+
+
+def test_list(capsys):
+    assert cli.main(["list"]) == 0
+    out = capsys.readouterr().out
+    for case in CASES:
+        assert case.id in out
+    assert "B=4 256->256 224x224 k=3 bias pool=2" in out
+
+
+def test_unavailable_backend_exits_2(capsys, monkeypatch):
+    from nkiverify import backends
+    monkeypatch.setattr(backends, "neuronxcc_available", lambda: False)
+    assert cli.main(["--backend", "device", "--cases", "naive-n128"]) == 2
+    assert "device backend is unavailable" in capsys.readouterr().err
+
+
+# ---- bench --------------------------------------------------------------------------------
+
+def _args(*argv):
+    return cli._parser().parse_args(["bench", *argv])
+
+
+def test_bench_params_defaults_are_the_course_sizes():
+    assert cli.bench_params(_args("tiled")) == {"n": 25600}
+    assert cli.bench_params(_args("transpose")) == {"m": 1024, "n": 1024}
+    assert cli.bench_params(_args("transpose", "-n", "512", "-m", "256")) == {"m": 256, "n": 512}
+    assert cli.bench_params(_args("transpose", "--shape", "256x384")) == {"m": 256, "n": 384}
+    assert cli.bench_params(_args("conv2d")) == {
+        "batch": 1, "c_in": 256, "c_out": 256, "height": 224, "width": 224, "k": 3,
+        "bias": True, "pool": 1}
+    p = cli.bench_params(_args("conv2d", "--image", "32x16", "--channels", "128x384", "--pool",
+                               "2", "--batch", "2", "--filter", "5", "--no-bias"))
+    assert p == {"batch": 2, "c_in": 128, "c_out": 384, "height": 32, "width": 16, "k": 5,
+                 "bias": False, "pool": 2}
+    with pytest.raises(SystemExit, match="--image needs 2 numbers"):
+        cli.bench_params(_args("conv2d", "--image", "224"))
+
+
+def test_course_thresholds():
+    perf = cli.bench_params(_args("conv2d"))
+    assert cli._course_threshold("conv2d", perf, "float32")[1:] == (4964.0, 4596.0)
+    assert cli._course_threshold("conv2d", perf, "float16")[1:] == (1365.0, 1002.0)
+    small = cli.bench_params(_args("conv2d", "--image", "32x16", "--pool", "2"))
+    assert cli._course_threshold("conv2d", small, "float16")[1:] == (84.0, 84.0)
+    assert cli._course_threshold("conv2d", dict(perf, batch=4), "float32") is None
+    assert cli._course_threshold("transpose", {"m": 4096, "n": 4096}, "float32")[1] == 700.0
+
+
+def test_bench_prints_the_estimate_and_writes_a_trace(capsys, tmp_path):
+    trace = tmp_path / "t.json"
+    assert cli.main(["bench", "transpose", "-n", "256", "--target", "trn1",
+                     "--trace", str(trace)]) == 0
+    out = capsys.readouterr().out
+    assert "on trn1" in out and "estimated latency" in out and "bottleneck" in out
+    assert "engine busy" in out and "MFU" in out
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert events and all("ph" in e for e in events)
+
+
+def test_bench_conv2d_small_reports_mfu_and_the_course_threshold(capsys):
+    assert cli.main(["bench", "conv2d", "--image", "32x16", "--dtype", "float16"]) == 0
+    out = capsys.readouterr().out
+    assert "B=1 256->256 32x16 k=3 bias pool=1 float16" in out
+    assert "% (fp32-adjusted" in out
+    assert "course threshold (float16, 32): 84 us ->" in out
+
+
+def test_console_script_entry_point():
+    result = subprocess.run([sys.executable, "-m", "nkiverify.cli", "list", "--cases",
+                             "naive"], capture_output=True, text=True, check=True)
+    assert "naive-n128" in result.stdout
+
+
+def test_an_exact_case_id_selects_only_that_case():
+    assert [c.id for c, _ in cli._select("conv2d-large", False, None)] == ["conv2d-large"]
+    assert len({c.id for c, _ in cli._select("large", False, None)}) >= 4
