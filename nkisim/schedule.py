@@ -534,23 +534,11 @@ def schedule(trace: Trace, arch: Arch | str | None = None,
         for r in reads:                                        # RAW
             st = states_get(r.key)
             if st is not None:
-                wa = st.w
-                items = wa.items
-                if items:
-                    b0 = r.b0
-                    b1 = r.b1
-                    p0 = r.p0
-                    p1 = r.p1
-                    if len(items) <= 4:
-                        for it in items:
-                            if it[0] < b1 and it[1] > b0 and it[2] < p1 and p0 < it[3]:
-                                t = it[col]
-                                if t > dep:
-                                    dep = t
-                    else:
-                        t = wa.latest(b0, b1, p0, p1, col)
-                        if t > dep:
-                            dep = t
+                wa = st.w                                      # RAW
+                if wa.items:
+                    t = wa.latest(r.b0, r.b1, r.p0, r.p1, col)
+                    if t > dep:
+                        dep = t
         for w in writes:
             st = states_get(w.key)
             if st is None:
@@ -577,18 +565,10 @@ def schedule(trace: Trace, arch: Arch | str | None = None,
                 # checkers report; here it only loses the ordering of the two completions.
                 continue
             wa = st.w                                          # WAW
-            items = wa.items
-            if items:
-                if len(items) <= 4:
-                    for it in items:
-                        if it[0] < b1 and it[1] > b0 and it[2] < p1 and p0 < it[3]:
-                            t = it[col]
-                            if t > dep:
-                                dep = t
-                else:
-                    t = wa.latest(b0, b1, p0, p1, col)
-                    if t > dep:
-                        dep = t
+            if wa.items:
+                t = wa.latest(b0, b1, p0, p1, col)
+                if t > dep:
+                    dep = t
 
         if is_dma:
             plan = dma_plan(ins, params)

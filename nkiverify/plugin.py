@@ -196,9 +196,11 @@ def pytest_collection_modifyitems(session, config, items):
         selected, deselected = [], []
         for item in items:
             callspec = getattr(item, "callspec", None)
-            marker = item.get_closest_marker("nki_dtype")
-            value = marker.args[0] if marker is not None else (
-                callspec.params.get("dtype") if callspec is not None else None)
+            # a test's own dtype parameter wins; nki_dtype marks the tests without one
+            value = callspec.params.get("dtype") if callspec is not None else None
+            if value is None:
+                marker = item.get_closest_marker("nki_dtype")
+                value = marker.args[0] if marker is not None else None
             if value is not None and _dtype_name(value) not in keep_names:
                 deselected.append(item)
             else:

@@ -18,7 +18,8 @@ import pytest  # noqa: E402
 from kernels import conv2d as conv_module  # noqa: E402
 from kernels.conv2d import fused_conv2d_maxpool  # noqa: E402
 
-pytestmark = pytest.mark.simulate
+# tests without a dtype parameter run float32 inputs (for --nki-dtypes / tox -e fp16)
+pytestmark = [pytest.mark.simulate, pytest.mark.nki_dtype("float32")]
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "bfloat16": BF16}
@@ -170,6 +171,7 @@ def test_16bit_signed_pool_3(dtype):
     check(X, W, b, 3)
 
 
+@pytest.mark.nki_dtype("float16")
 def test_16bit_accumulates_in_fp32():
     """With 2304 products of ~0.25 per output, fp16 partial sums would be rounded in steps of
     0.25-0.5 (eps 2^-10 at 256-512); accumulating in fp32 keeps the error to the final rounding
