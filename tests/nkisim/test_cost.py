@@ -312,7 +312,8 @@ def test_dma_plan_128x512_fp32_tile():
     assert dge.issue_ns == pytest.approx(600.0) and dge.fixed_ns == 0
     assert dge.latency_ns == pytest.approx(max(600.0, 8 * row_ns))
     assert instr_cost_ns(ins, "trn2") == pytest.approx(dge.latency_ns)
-    assert dma_plan(dma(1, 4), P2).issue_ns == pytest.approx(460 + 140 / 128)
+    # "about 600 ns" per DGE DMA instruction (§3.5), whatever its size
+    assert dma_plan(dma(1, 4), P2).issue_ns == pytest.approx(600.0)
     p1 = dma_plan(ins, P1)
     assert p1.row_ns == pytest.approx((2048 + d) / 17.0) and p1.fixed_ns == 930
 
