@@ -29,8 +29,8 @@ from .language import (
     reduced_shape,
     result_tile,
 )
-from .tensor import Tensor, fit, read, region, values
-from .trace import DMA, GPSIMD, SCALAR, TENSOR, VECTOR
+from .tensor import Tensor, fit, read, region
+from .trace import GPSIMD, SCALAR, TENSOR, VECTOR
 
 # ---------------------------------------------------------------------------------------------
 # enums (ref §1.10)
@@ -571,10 +571,8 @@ def nc_transpose(data, *, mask=None, dtype=None, engine=engine.unknown, **kwargs
     x = _tile(data, api, "data")
     s = _tile_shape(x)
     P, F = s[0], math.prod(s[1:])
-    if engine is None or engine == engine.__class__.unknown:
-        eng = VECTOR if (P <= 32 and F <= 32) else TENSOR
-    else:
-        eng = _engine(engine, TENSOR, api, (TENSOR, VECTOR))
+    # default engine by shape: VectorE handles <= 32x32, TensorE the rest (ref §1.10)
+    eng = _engine(engine, VECTOR if (P <= 32 and F <= 32) else TENSOR, api, (TENSOR, VECTOR))
     limit = 128 if eng == TENSOR else 32
     for d, n in enumerate((P, F)):
         if n > limit:
@@ -621,4 +619,3 @@ tensor_copy_dynamic_src = _unsupported("tensor_copy_dynamic_src")
 tensor_copy_dynamic_dst = _unsupported("tensor_copy_dynamic_dst")
 tensor_scalar_reduce = _unsupported("tensor_scalar_reduce")
 tensor_partition_reduce = _unsupported("tensor_partition_reduce")
-_ = (DMA, values)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import builtins
 import math
 import sys
-from types import SimpleNamespace
 
 import ml_dtypes
 import numpy as np
@@ -199,24 +198,20 @@ def full(shape, fill_value, dtype, *, buffer=None, name="", **kwargs):
 
 
 def empty_like(a, dtype=None, *, buffer=None, name="", **kwargs):
-    return ndarray(a.shape, dtype or a.dtype, buffer=buffer or _buffer_like(a), name=name)
+    return ndarray(a.shape, dtype or a.dtype, buffer=buffer, name=name)
 
 
 def zeros_like(a, dtype=None, *, buffer=None, name="", **kwargs):
-    return zeros(a.shape, dtype or a.dtype, buffer=buffer or _buffer_like(a), name=name)
+    return zeros(a.shape, dtype or a.dtype, buffer=buffer, name=name)
 
 
 def ones_like(a, dtype=None, *, buffer=None, name="", **kwargs):
-    return ones(a.shape, dtype or a.dtype, buffer=buffer or _buffer_like(a), name=name)
+    return ones(a.shape, dtype or a.dtype, buffer=buffer, name=name)
 
 
 def full_like(a, fill_value, dtype=None, *, buffer=None, name="", **kwargs):
-    return full(a.shape, fill_value, dtype or a.dtype, buffer=buffer or _buffer_like(a),
+    return full(a.shape, fill_value, dtype or a.dtype, buffer=buffer,
                 name=name)
-
-
-def _buffer_like(a):
-    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -578,8 +573,6 @@ def _binary(name, x, y, dtype, mask):
     if dtype is None:
         dtype = np.dtype(np.bool_) if name in _COMPARE else dtypes.promote(
             _operand_dtype(x), _operand_dtype(y))
-        if name in _COMPARE:
-            dtype = np.dtype(np.uint8) if False else dtype
     out = apply_binary(name, a, b)
     out = np.broadcast_to(out, shape)
     engine = VECTOR
@@ -882,7 +875,7 @@ def transpose(x, *, dtype=None, mask=None, **kwargs):
 def matmul(x, y, *, transpose_x=False, mask=None, **kwargs):
     """``x @ y`` (or ``x.T @ y``); lowers to ``nc_matmul(transpose(x), y)`` (ref §1.8)."""
     from . import isa
-    run = context.current()
+    context.current()                  # outside a kernel: err_nki_api_outside_of_nki_kernel
     for p, t in (("x", x), ("y", y)):
         if isinstance(t, Tensor) and t.root.buffer != "sbuf":     # x, y: SBUF (ref §1.8)
             raise nki_error("err_unsupported_memory", param=p, api="matmul", expected="sbuf",
@@ -898,7 +891,6 @@ def matmul(x, y, *, transpose_x=False, mask=None, **kwargs):
         tp = isa.nc_transpose(xt, engine=isa.engine.tensor)
         xt = copy(tp, dtype=xt.dtype)
         del tp
-    _ = run
     return isa.nc_matmul(xt, yt)
 
 
@@ -930,7 +922,3 @@ all_reduce = _unsupported("all_reduce")
 rms_norm = _unsupported("rms_norm")
 shared_constant = _unsupported("shared_constant")
 shared_identity_matrix = _unsupported("shared_identity_matrix")
-
-# namespace objects that some kernels reference
-spmd = SimpleNamespace()
-_ = (DynSlice, IndexExpr, TENSOR, DMA)

@@ -50,8 +50,6 @@ class Kernel:
         grid = grid if isinstance(grid, tuple) else (grid,)
         k = Kernel(self.func, self.mode, **self.options)
         k.grid = tuple(int(g) for g in grid)
-        k.__dict__.update({a: getattr(self, a) for a in ("simulate_options",)
-                           if hasattr(self, a)})
         return k
 
     def __call__(self, *args, **kwargs):

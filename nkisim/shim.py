@@ -28,23 +28,16 @@ _MODULES = {
 
 
 def real_neuronxcc_available() -> bool:
-    """True when a real neuronx-cc (not the PyPI placeholder, not this shim) is importable."""
+    """True when a real neuronx-cc (not the PyPI placeholder, not this shim) is importable:
+    some other finder knows a ``neuronxcc`` package that has an ``nki`` subpackage."""
     for finder in sys.meta_path:
-        if isinstance(finder, _Finder):
+        if isinstance(finder, _Finder) or not hasattr(finder, "find_spec"):
             continue
         try:
-            spec = finder.find_spec("neuronxcc", None) if hasattr(finder, "find_spec") else None
+            spec = finder.find_spec("neuronxcc", None)
         except Exception:
             spec = None
-        if spec is not None and spec.origin != "nkisim":
-            try:
-                sub = importlib.util.find_spec("neuronxcc.nki") if "neuronxcc" in sys.modules \
-                    and not getattr(sys.modules["neuronxcc"], "__nkisim__", False) else None
-            except (ImportError, ValueError):
-                sub = None
-            if sub is not None:
-                return True
-            # the package exists; is it the real one (it has nki/)?
+        if spec is not None:
             locs = spec.submodule_search_locations or []
             return any(os.path.isdir(os.path.join(p, "nki")) for p in locs)
     return False

@@ -84,7 +84,7 @@ def buffer_of(buffer) -> Buffer:
 class Allocation:
     """The storage behind a tensor and all its views."""
 
-    __slots__ = ("id", "buffer", "name", "key", "ptr", "row_bytes", "p_base", "shadow", "param",
+    __slots__ = ("id", "buffer", "name", "key", "row_bytes", "p_base", "shadow", "param",
                  "mutable", "live", "pbytes", "banks", "loop", "file", "line", "direct",
                  "dtype", "shape", "epoch", "hi", "gen", "full", "uniform", "__weakref__")
 
@@ -95,7 +95,6 @@ class Allocation:
         self.shape = shape
         self.id = 0
         self.key = None
-        self.ptr = 0
         self.row_bytes = 0
         self.p_base = 0
         self.shadow = None
@@ -156,7 +155,6 @@ def _new_alloc(run, kind, name, dtype, shape, arr, file, line):
     a = Allocation(kind, name, dtype, shape)
     a.id = next(_ids)
     a.file, a.line = file, line
-    a.ptr = arr.__array_interface__["data"][0]
     a.epoch = a.hi = run.epoch
     return a
 
@@ -190,8 +188,7 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
                 t = run.shared_hbm[run.shared_hbm_cursor]
                 run.shared_hbm_cursor += 1
                 return t
-        arr = np.full(shape, dtypes.poison(dt), dtype=sdt) if dtypes.is_float(dt) else \
-            np.full(shape, dtypes.poison(dt), dtype=sdt)
+        arr = np.full(shape, dtypes.poison(dt), dtype=sdt)
         a = _new_alloc(run, "hbm", name, dt, shape, arr, file, line)
         a.key = ("hbm", a.id)
         a.shadow = np.zeros(shape, np.int32) if run.checks else None
@@ -289,7 +286,6 @@ def _allocate_direct(run, buf: DirectAlloc, name, dt, shape, paxis, file, line):
     a.file, a.line = file, line
     a.direct = True
     a.key = (kind, "direct")
-    a.ptr = mem.__array_interface__["data"][0]
     a.row_bytes = total
     a.p_base = 0
     logical = tuple(blocks) + (P,) + tuple(free)
