@@ -113,7 +113,8 @@ def tensor_region(t, mask) -> str:
     return f"{t.name}{_bbox(coords)}"
 
 
-def _shadow(t):
+def shadow_view(t):
+    """The write epochs of the elements view ``t`` touches."""
     return t._w if t._idx is None else t._w[t._idx]
 
 
@@ -267,7 +268,7 @@ def check_read(run, t, api: str, accumulate: bool = False) -> None:
     if root.live is None and "scope" in run.checks:
         raise _scope_error(run, t)
     racy = () if accumulate else _racy_loops(run, root)
-    w = t._w if t._idx is None else t._w[t._idx]
+    w = shadow_view(t)
     if not w.size:
         return
     if not racy:
@@ -304,7 +305,7 @@ def check_write(run, t, api: str, accumulate: bool) -> bool:
     covers = _covers(t)
     racy = _racy_loops(run, root)
     if racy:
-        w = _shadow(t)
+        w = shadow_view(t)
         lo, hi = _bounds(t, w) if w.size else (epoch, epoch)
         hit = _find_race(run, w, lo, hi, racy) if lo < epoch else None
         if hit is not None:
@@ -355,7 +356,7 @@ def check_outputs(run, outputs) -> None:
     for t in outputs:
         if t._w is None or t.root.param:
             continue
-        w = _shadow(t)
+        w = shadow_view(t)
         unwritten = w == 0
         if not unwritten.any():
             continue

@@ -614,7 +614,7 @@ def _check_oob(t: Tensor, mask) -> None:
 
 def _masked_shadow_view(t: Tensor, mask, run) -> Tensor:
     """A view whose masked-out elements look freshly written, for the shadow checks."""
-    w = t._w if t._idx is None else t._w[t._idx]
+    w = checks.shadow_view(t)
     w = np.where(np.broadcast_to(mask, w.shape), w, run.epoch)
     return Tensor(None, w, t.root, t.dtype, w.shape, t.paxis, None, t._off)
 
