@@ -349,6 +349,9 @@ def tensor_reduce(op, data, axis, *, mask=None, dtype=None, negate=False, keepdi
     api = "tensor_reduce"
     x = _tile(data, api, "data")
     name = _alu_name(op, api)
+    if name == "subtract":       # legal per the ALU table, but its order is not documented
+        raise nki_error("nkisim_unsupported", what="tensor_reduce with subtract",
+                        why="the order of a subtract reduction is not documented")
     if name not in _REDUCIBLE:
         raise nki_error("nkisim_invalid_argument", api=api,
                         why=f"op {name} is not legal as a reduction (ref §1.10 ALU table)")
@@ -363,11 +366,7 @@ def tensor_reduce(op, data, axis, *, mask=None, dtype=None, negate=False, keepdi
     v = read(x, api, run).reshape(_tile_shape(x))
     if not bitvec:
         v = dtypes.to_f32(v)
-    key = {"subtract": "add"}.get(name, name)
-    if name == "subtract":
-        raise nki_error("nkisim_unsupported", what="tensor_reduce with subtract",
-                        why="the order of a subtract reduction is not documented")
-    out = reduce_values(key, v, axes, keepdims)
+    out = reduce_values(name, v, axes, keepdims)
     if negate:
         out = -out
     shape = reduced_shape(_tile_shape(x), axes, keepdims)
