@@ -73,6 +73,9 @@ def pytest_addoption(parser):
     group.addoption("--nki-report", default=None, metavar="PATH",
                     help="write the session's comparisons (per case and per kernel x dtype) "
                          "as JSON")
+    group.addoption("--nki-strict", action="store_true", default=False,
+                    help="strict mode (sets NKISIM_STRICT=1): documented NKI rules the device "
+                         "tolerates are errors, not warnings")
 
 
 def _is_worker(config) -> bool:
@@ -99,6 +102,8 @@ def pytest_configure(config):
     ):
         config.addinivalue_line("markers", line)
     config.stash[_FAILED_TWINS] = set()
+    if config.getoption("nki_strict", False):
+        os.environ["NKISIM_STRICT"] = "1"      # read by every nkisim run (xdist workers too)
     from .report import Report
     config.stash[_REPORT] = Report()
     if not _is_worker(config):
