@@ -10,7 +10,9 @@ and partition broadcasts on TensorE, loads/stores on the DMA queues.
 from __future__ import annotations
 
 import builtins
+import linecache
 import math
+import re
 import sys
 
 import ml_dtypes
@@ -145,6 +147,10 @@ def _contiguous(t: Tensor) -> bool:
 def _mask(mask, shape):
     if mask is None:
         return None
+    if isinstance(mask, (bool, np.bool_)):
+        # a condition on loop indices and constants only evaluates to a Python bool: all or
+        # nothing (AWS's reference/allocated_fused_linear.py: `mask=(i * 128 < n)`)
+        return None if mask else np.zeros(shape, bool)
     if not isinstance(mask, MaskExpr):
         raise nki_error("err_unsupported_expression_in_mask")
     try:
@@ -418,8 +424,10 @@ def store(dst, value, *, mask=None, **kwargs):
         vals = read(src, "store", run)
         if src.root.buffer == "psum":
             # "an extra copy will be performed to move the tile to SBUF first" (ref §1.7)
+            taint = run.taint
             run.record("tensor_copy", VECTOR, (region(src),), (), dtypes.name(src.dtype),
                        _partitions(src), _free(src), _detail(src))
+            run.taint = taint
     if src is not None and vals.size != dst.size:
         vals = fit(vals, dst.shape, src.shape)
     vals = vals.reshape(dst.shape) if vals.size == dst.size else vals
@@ -492,12 +500,28 @@ def device_print(prefix, x, *, mask=None, **kwargs):
         text = f"{prefix} {np.array2string(np.asarray(vals, dtype=np.float64) if dtypes.is_float(x.dtype) else vals, threshold=64)}"  # noqa: E501
     else:
         text = f"{prefix} {x}"
+    run.taint = None                    # printing garbage is not an error
     run.device_prints.append(text)
     print(text, file=sys.stdout)
 
 
 # ---------------------------------------------------------------------------------------------
 # element-wise math (ref §1.8)
+
+def partition_vectors(a, b):
+    """A (P, 1) (or (P,)) operand broadcasts along every free dimension of the other operand,
+    whatever its rank: NumPy would align (P, 1) with the *last* two axes of a (P, R, W) tile.
+    CS149 solutions that passed on trn2 add a (P, 1) bias to (P, R, W) and (P, R, 2, W) tiles
+    with nl.add / nisa.tensor_tensor (issue 8); the docs' tensor_scalar takes "a vector of
+    shape (P, 1)" broadcast along the free dimensions (nki.isa.tensor_scalar)."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.ndim != b.ndim and \
+            a.ndim and b.ndim and a.shape[0] == b.shape[0]:
+        if math.prod(a.shape[1:]) == 1 and a.ndim < b.ndim:
+            a = a.reshape((a.shape[0],) + (1,) * (b.ndim - 1))
+        elif math.prod(b.shape[1:]) == 1 and b.ndim < a.ndim:
+            b = b.reshape((b.shape[0],) + (1,) * (a.ndim - 1))
+    return a, b
+
 
 def _bitvec_op(name):
     return name in ("bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift",
@@ -557,7 +581,7 @@ def _binary(name, x, y, dtype, mask):
             v = v.reshape(_tile_shape(t))
             return v if bitvec else dtypes.to_f32(v)
         return t
-    a, b = vals(x), vals(y)
+    a, b = partition_vectors(vals(x), vals(y))
     sa = a.shape if isinstance(a, np.ndarray) else ()
     sb = b.shape if isinstance(b, np.ndarray) else ()
     try:
@@ -825,6 +849,9 @@ def where(condition, x, y, *, dtype=None, mask=None, **kwargs):
                        mask=_mask(mask, out.shape))
 
 
+_SUBSCRIPT_RE = re.compile(r"^\s*[A-Za-z_][\w.]*\s*\[.*\]\s*=(?!=)")
+
+
 def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, **kwargs):
     """``b = nl.loop_reduce(a, op=np.add, loop_indices=[k])``: ``b = op(a, b)`` where ``b`` is
     the variable the result is assigned to (the destination is also op's right input)."""
@@ -836,6 +863,14 @@ def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, **kwargs):
     from .tensor import _infer_name
     target = _infer_name(f.f_code.co_filename, f.f_lineno, "")
     prev = f.f_locals.get(target) if target else None
+    if not isinstance(prev, Tensor) and _SUBSCRIPT_RE.match(
+            linecache.getline(f.f_code.co_filename, f.f_lineno)):
+        # `acc[idx] = nl.loop_reduce(x, ...)` (AWS's reference/attention.py flash_attn_bwd):
+        # the subscripted destination is the accumulator; the assignment performs
+        # `acc[idx] = op(x, acc[idx])` (nkisim.tensor.assign)
+        res = copy(t, dtype=dtype, mask=mask)
+        res._reduce = _alu_name(op, "loop_reduce")
+        return res
     if not isinstance(prev, Tensor):
         raise nki_error("nkisim_unsupported", what="nl.loop_reduce without an accumulator",
                         why="write `acc = nl.loop_reduce(x, op=..., loop_indices=[i])` with "
