@@ -338,12 +338,57 @@ def program_ndim():
     return len(context.current().grid)
 
 
-def spmd_dim(*args, **kwargs):
-    raise nki_error("nkisim_unsupported", what="nl.spmd_dim", why="nkisim runs one NeuronCore")
+class spmd_dim(int):
+    """``nl.spmd_dim(a, b)``: one launch-grid dimension of size ``a * b`` split in sub-dimensions,
+    one of which may be an ``nl.nc(n)`` (instances spread over n physical NeuronCores).
+
+    The AWS doc example (aws-neuron-sdk nki/api/nki/language/__init__.py, ``spmd_dim``/``nc``, and
+    nki/test/test_nki_spmd_grid.py) launches ``kernel[nl.spmd_dim(nl.nc(2), 2), 2]`` over a (4, 2)
+    grid: ``program_id(0)`` runs over 0..3 as with ``kernel[4, 2]``, only the core assignment
+    differs. nkisim runs the instances serially, so the values are those of the plain grid;
+    ``layout`` keeps the factors."""
+
+    def __new__(cls, *dims):
+        if not dims:
+            raise nki_error("nkisim_invalid_argument", api="nl.spmd_dim",
+                            why="expects at least one dimension size")
+        for d in dims:
+            if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or int(d) < 1:
+                raise nki_error("nkisim_invalid_argument", api="nl.spmd_dim",
+                                why=f"dimension sizes must be positive ints, got {d!r}")
+        obj = super().__new__(cls, math.prod(int(d) for d in dims))
+        obj.layout = tuple(d if isinstance(d, nc) else int(d) for d in dims)
+        return obj
+
+    def __repr__(self):
+        return f"nl.spmd_dim({', '.join(map(repr, self.layout))})"
 
 
-def nc(n):
-    return n
+class nc(int):
+    """``nl.nc(n)``: a logical NeuronCore dimension of size ``n`` in the launch grid;
+    ``nl.nc(2) * 2`` and ``2 * nl.nc(2)`` are ``nl.spmd_dim(nl.nc(2), 2)`` and
+    ``nl.spmd_dim(2, nl.nc(2))`` (aws-neuron-sdk nki/test/test_nki_spmd_grid.py)."""
+
+    def __new__(cls, n):
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or int(n) < 1:
+            raise nki_error("nkisim_invalid_argument", api="nl.nc",
+                            why=f"the number of NeuronCores must be a positive int, got {n!r}")
+        obj = super().__new__(cls, int(n))
+        obj.layout = (obj,)
+        return obj
+
+    def __mul__(self, other):
+        if isinstance(other, (int, np.integer)) and not isinstance(other, bool):
+            return spmd_dim(self, other)
+        return NotImplemented
+
+    def __rmul__(self, other):
+        if isinstance(other, (int, np.integer)) and not isinstance(other, bool):
+            return spmd_dim(other, self)
+        return NotImplemented
+
+    def __repr__(self):
+        return f"nl.nc({int(self)})"
 
 
 # ---------------------------------------------------------------------------------------------
