@@ -103,6 +103,8 @@ class Run:
     multi_buffer: int = 1
     spmd: object = None                               # the grid's pseudo-Loop (kind "spmd")
     par_cache: tuple = (0, ())                        # (epoch, parallel loops): nkisim.checks
+    rng: object = None                                # nl.rand / dropout generator (nl._rng)
+    vector_acc: dict = field(default_factory=dict)    # VectorE accumulators (isa._accumulate)
 
     # ---- loops and epochs ----
     def new_epoch(self, loop: Loop, iteration: int) -> int:
