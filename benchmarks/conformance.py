@@ -79,7 +79,7 @@ def _error_line(text: str) -> str:
     else the last line that looks like ``SomeError: ...``."""
     lines = [ln.rstrip() for ln in (text or "").splitlines()]
     e_lines = [ln[1:].strip() for ln in lines if ln.startswith("E ")]
-    for ln in e_lines:
+    for ln in reversed(e_lines):        # chained exceptions: the one finally raised
         head = ln.split(":", 1)[0]
         if head.endswith(("Error", "Exception", "Warning")) or head.startswith(("nki", "assert")):
             return _first_line(ln)
@@ -106,8 +106,11 @@ def _static_count(path: str) -> int:
     return max(n, 1)
 
 
+_TMP = tempfile.TemporaryDirectory(prefix="nkisim-conformance-")    # removed at exit
+
+
 def _plugin_dir() -> str:
-    d = tempfile.mkdtemp(prefix="nkisim-conformance-")
+    d = tempfile.mkdtemp(dir=_TMP.name)
     with open(os.path.join(d, "_nkisim_conformance_plugin.py"), "w") as f:
         f.write(PLUGIN)
     return d

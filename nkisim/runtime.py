@@ -202,6 +202,10 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
     try:
         wrapped = []
         mutables = {}
+        from .typing import TensorPlaceholder
+        args = [a.make(i) if isinstance(a, TensorPlaceholder) else a for i, a in enumerate(args)]
+        kwargs = {n: a.make(len(args) + j) if isinstance(a, TensorPlaceholder) else a
+                  for j, (n, a) in enumerate(kwargs.items())}
         for i, a in enumerate(args):
             name = sig_names[i] if i < len(sig_names) else f"arg{i}"
             if isinstance(a, np.ndarray) or _is_array_like(a):
@@ -273,9 +277,16 @@ def _flatten(result):
 def _to_numpy(result):
     if isinstance(result, Tensor):
         if result.root.buffer != "hbm":
-            raise nki_error("nkisim_invalid_argument", api="return",
-                            why=f"kernel outputs must be HBM tensors; `{result.name}` is in "
-                                f"{result.root.buffer} (ref §1.1)")
+            # ref §1.1: outputs are HBM tensors. AWS's simulator returns an SBUF tile's values
+            # (aws-neuron-sdk nki/test/test_nki_isa_range_select.py returns one and compares
+            # it), so this is a documented rule, not a failure: a warning (an error in strict
+            # mode, through the warnings filter).
+            run = context.maybe_current()
+            if run is not None:
+                run.warn(("sbuf_output", result.root.id),
+                         f"kernel output `{result.name}` is a {result.root.buffer} tile: NKI "
+                         "kernels return HBM tensors (nl.ndarray(..., buffer=nl.shared_hbm)); "
+                         "AWS's simulator returns its values, the device may not (ref §1.1)")
         return np.array(values(result), copy=True)
     if isinstance(result, tuple):
         return tuple(_to_numpy(r) for r in result)

@@ -133,3 +133,49 @@ def test_nc_dim_alone_is_a_grid_of_that_size():
 def test_bad_spmd_dims_raise(bad):
     with pytest.raises(ValueError):
         bad()
+
+
+# ---------------------------------------------------------------------------------------------
+# nt.tensor[[shape], dtype] placeholders (nki-samples fc5c69f tutorials/matrix_multiplication
+# benchmarks kernels on them) and annotations
+
+
+def test_tensor_placeholder_runs_benchmark_with_that_shape_and_dtype():
+    from nkisim import typing as nt
+
+    seen = {}
+
+    @nki.jit
+    def k(a):
+        seen["shape"], seen["dtype"] = a.shape, a.dtype
+        out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.load(a))
+        return out
+
+    ph = nt.tensor[[128, 64], nl.bfloat16]
+    assert ph.shape == (128, 64)
+    bench = nki.benchmark(warmup=1, iters=1)(k)
+    out = bench(ph)
+    assert seen["shape"] == (128, 64) and seen["dtype"] == np.dtype(nl.bfloat16)
+    vals = out.astype(np.float32)
+    assert np.isfinite(vals).all() and vals.min() >= 0 and vals.max() <= 1
+    assert bench.benchmark_result.nc_latency.get_latency_percentile(99) > 0
+
+
+def test_tensor_annotations_stay_annotations():
+    from nkisim import typing as nt
+    assert nt.tensor[64, 512].shape == (64, 512)
+    # nt.mutable_tensor[...] is still recognised as mutable by the runtime
+    assert nt.mutable_tensor[4, 4].__origin__ is nt.mutable_tensor
+
+
+def test_returning_an_sbuf_tile_warns_and_returns_its_values():
+    # AWS's nki/test/test_nki_isa_range_select.py returns an SBUF tile and compares its values
+    @nki.jit
+    def k(a):
+        return nl.load(a)
+
+    a = rand((8, 4))
+    with pytest.warns(Warning, match="NKI kernels return HBM tensors"):
+        out = k(a)
+    np.testing.assert_array_equal(out, a)
