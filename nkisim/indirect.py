@@ -126,3 +126,28 @@ def accumulate_at(dst, vals, api, run, mask=None) -> None:
     root_vals = dtypes.to_f32(dst._arr).copy()
     np.add.at(root_vals, full, vals)
     write(dst, root_vals[full], api, run=run, accumulate=True)
+
+
+def dynamic_index(name, x, y, run):
+    """``tile[0, i] + iy``: a runtime offset (one integer from an SBUF tile) plus an affine index
+    expression is an index expression whose values are known when the instruction runs
+    (aws-neuron-sdk nki/test/test_nki_isa_tensor_copy_dynamic.py:
+    ``src_sbuf[ix, offsets_sbuf[0, idx] + iy]``)."""
+    from .tensor import Tensor, read
+    vals = []
+    for t in (x, y):
+        if isinstance(t, IndexExpr):
+            vals.append(t.v)
+        elif isinstance(t, Tensor):
+            if t.size != 1 or t.root.buffer == "hbm" or not dtypes.is_int(t.dtype):
+                raise nki_error("nkisim_invalid_argument", api="dynamic index",
+                                why=f"an index expression can only be combined with one integer "
+                                    f"element of an SBUF tile, got `{t.name}` "
+                                    f"{list(t.shape)} {dtypes.name(t.dtype)}")
+            vals.append(int(np.asarray(read(t, "dynamic index", run)).reshape(-1)[0]))
+        elif isinstance(t, (int, np.integer)) and not isinstance(t, bool):
+            vals.append(int(t))
+        else:
+            raise nki_error("err_unsupported_expression_in_mask")
+    fn = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply}[name]
+    return IndexExpr(fn(np.asarray(vals[0]), np.asarray(vals[1])))

@@ -614,8 +614,34 @@ def _unsupported(name):
     return fn
 
 
-tensor_copy_dynamic_src = _unsupported("tensor_copy_dynamic_src")
-tensor_copy_dynamic_dst = _unsupported("tensor_copy_dynamic_dst")
+def tensor_copy_dynamic_src(src, *, mask=None, dtype=None, engine=engine.unknown, **kwargs):
+    """Copy ``src``, an SBUF/PSUM tile indexed at an offset read from SBUF at run time, into a
+    new SBUF tile (docs; AWS nki/test/test_nki_isa_tensor_copy_dynamic.py indexes it with
+    ``offsets_sbuf[0, idx]`` / ``offsets_sbuf[0, idx] + iy``)."""
+    run = context.current()
+    api = "tensor_copy_dynamic_src"
+    x = _tile(src, api, "src")
+    eng = _engine(engine, VECTOR, api)
+    return result_tile(run, x.shape, dtype or x.dtype, read(x, api, run), api, eng, (x,),
+                       _detail(x), mask=_mask(mask, x.shape))
+
+
+def tensor_copy_dynamic_dst(*, dst, src, mask=None, dtype=None, engine=engine.unknown,
+                            **kwargs):
+    """Copy ``src`` into ``dst``, a tile indexed at an offset read from SBUF at run time
+    (docs); same partitions and elements per partition."""
+    run = context.current()
+    api = "tensor_copy_dynamic_dst"
+    d = _tile(dst, api, "dst")
+    x = _tile(src, api, "src")
+    if d.shape[0] != x.shape[0] or d.size != x.size:
+        raise nki_error("nkisim_shape_mismatch", params=f"dst{shape_str(d.shape)}, "
+                        f"src{shape_str(x.shape)}", api=api,
+                        why="src and dst must have the same partitions and elements per "
+                            "partition")
+    _write_dst(run, d, read(x, api, run).reshape(d.shape), api, mask=_mask(mask, d.shape))
+    run.record(api, _engine(engine, VECTOR, api), (region(x),), (region(d),),
+               dtypes.name(d.dtype), d.shape[0], max(1, d.size // d.shape[0]), _detail(x))
 
 
 # ---------------------------------------------------------------------------------------------

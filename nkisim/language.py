@@ -586,6 +586,10 @@ def _operand_dtype(x):
 def _binary(name, x, y, dtype, mask):
     run = context.current()
     api = name
+    if name in ("add", "subtract", "multiply") and builtins.any(
+            isinstance(t, IndexExpr) for t in (x, y)):
+        from .indirect import dynamic_index
+        return dynamic_index(name, x, y, run)
     tiles = [t for t in (x, y) if isinstance(t, Tensor)]
     if not tiles:
         raise nki_error("nkisim_invalid_argument", api=api, why="needs at least one tile")

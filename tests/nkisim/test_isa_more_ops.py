@@ -588,3 +588,42 @@ def test_dma_copy_rmw_through_index_tile():
     expect = base.copy()
     expect[2 * np.arange(32)] += vals
     np.testing.assert_allclose(k(base, vals), expect, rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# tensor_copy_dynamic_src / _dst: an offset read from SBUF at run time
+
+
+def test_tensor_copy_dynamic_src_gathers_columns_at_runtime_offsets():
+    a = rand((128, 64))
+    offs = RNG.integers(0, 60, size=(1, 6)).astype(np.int32)
+
+    @nki.jit
+    def k(x, o):
+        src = nl.load(x)
+        off = nl.load(o)
+        out = nl.ndarray((128, 6, 4), dtype=nl.float32, buffer=nl.sbuf)
+        ix, iy = nl.mgrid[0:128, 0:4]
+        for i in nl.affine_range(6):
+            out[ix, i, iy] = nisa.tensor_copy_dynamic_src(src[ix, off[0, i] + iy])
+        return store(out)
+
+    expect = np.stack([a[:, o:o + 4] for o in offs[0]], axis=1)
+    np.testing.assert_array_equal(k(a, offs), expect)
+    assert len(instrs("tensor_copy_dynamic_src")) == 6
+
+
+def test_tensor_copy_dynamic_dst_scatters_at_a_runtime_offset():
+    a = rand((16, 4))
+    off = np.array([[5]], np.int32)
+
+    @nki.jit
+    def k(x, o):
+        dst = nl.zeros((16, 12), dtype=nl.float32)
+        ix, iy = nl.mgrid[0:16, 0:4]
+        nisa.tensor_copy_dynamic_dst(dst=dst[ix, nl.load(o)[0, 0] + iy], src=nl.load(x))
+        return store(dst)
+
+    expect = np.zeros((16, 12), np.float32)
+    expect[:, 5:9] = a
+    np.testing.assert_array_equal(k(a, off), expect)
