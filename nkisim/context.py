@@ -107,6 +107,8 @@ class Run:
     strict: bool = False                              # NKISIM_STRICT=1: tolerated rules raise
     taint: object = None                              # uninitialized values read by the current
     #                                                   instruction (nkisim.tensor.read/write)
+    rng: object = None                                # nl.rand / dropout generator (nl._rng)
+    vector_acc: dict = field(default_factory=dict)    # VectorE accumulators (isa._accumulate)
 
     # ---- loops and epochs ----
     def new_epoch(self, loop: Loop, iteration: int) -> int:

@@ -52,7 +52,7 @@ from .tensor import (  # noqa: F401 - re-exported buffers
     values,
     write,
 )
-from .trace import DMA, SCALAR, TENSOR, VECTOR
+from .trace import DMA, GPSIMD, SCALAR, TENSOR, VECTOR
 
 # ---------------------------------------------------------------------------------------------
 # constants
@@ -344,12 +344,57 @@ def program_ndim():
     return len(context.current().grid)
 
 
-def spmd_dim(*args, **kwargs):
-    raise nki_error("nkisim_unsupported", what="nl.spmd_dim", why="nkisim runs one NeuronCore")
+class spmd_dim(int):
+    """``nl.spmd_dim(a, b)``: one launch-grid dimension of size ``a * b`` split in sub-dimensions,
+    one of which may be an ``nl.nc(n)`` (instances spread over n physical NeuronCores).
+
+    The AWS doc example (aws-neuron-sdk nki/api/nki/language/__init__.py, ``spmd_dim``/``nc``, and
+    nki/test/test_nki_spmd_grid.py) launches ``kernel[nl.spmd_dim(nl.nc(2), 2), 2]`` over a (4, 2)
+    grid: ``program_id(0)`` runs over 0..3 as with ``kernel[4, 2]``, only the core assignment
+    differs. nkisim runs the instances serially, so the values are those of the plain grid;
+    ``layout`` keeps the factors."""
+
+    def __new__(cls, *dims):
+        if not dims:
+            raise nki_error("nkisim_invalid_argument", api="nl.spmd_dim",
+                            why="expects at least one dimension size")
+        for d in dims:
+            if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or int(d) < 1:
+                raise nki_error("nkisim_invalid_argument", api="nl.spmd_dim",
+                                why=f"dimension sizes must be positive ints, got {d!r}")
+        obj = super().__new__(cls, math.prod(int(d) for d in dims))
+        obj.layout = tuple(d if isinstance(d, nc) else int(d) for d in dims)
+        return obj
+
+    def __repr__(self):
+        return f"nl.spmd_dim({', '.join(map(repr, self.layout))})"
 
 
-def nc(n):
-    return n
+class nc(int):
+    """``nl.nc(n)``: a logical NeuronCore dimension of size ``n`` in the launch grid;
+    ``nl.nc(2) * 2`` and ``2 * nl.nc(2)`` are ``nl.spmd_dim(nl.nc(2), 2)`` and
+    ``nl.spmd_dim(2, nl.nc(2))`` (aws-neuron-sdk nki/test/test_nki_spmd_grid.py)."""
+
+    def __new__(cls, n):
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or int(n) < 1:
+            raise nki_error("nkisim_invalid_argument", api="nl.nc",
+                            why=f"the number of NeuronCores must be a positive int, got {n!r}")
+        obj = super().__new__(cls, int(n))
+        obj.layout = (obj,)
+        return obj
+
+    def __mul__(self, other):
+        if isinstance(other, (int, np.integer)) and not isinstance(other, bool):
+            return spmd_dim(self, other)
+        return NotImplemented
+
+    def __rmul__(self, other):
+        if isinstance(other, (int, np.integer)) and not isinstance(other, bool):
+            return spmd_dim(other, self)
+        return NotImplemented
+
+    def __repr__(self):
+        return f"nl.nc({int(self)})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -385,7 +430,9 @@ def _dma(dst: Tensor, src: Tensor, src_vals, api: str, run, mask=None, accumulat
         src_vals = accumulate_op(cur, dtypes.to_f32(src_vals))
     write(dst, src_vals, api, run=run, mask=mask)
     nbytes = dst.size * dst.dtype.itemsize
-    run.record("dma_copy", DMA, (region(src),), (region(dst),), dtypes.name(dst.dtype),
+    from .indirect import index_tiles
+    idx = tuple(region(i) for i in index_tiles(src) + index_tiles(dst))   # indirect DMA
+    run.record("dma_copy", DMA, (region(src),) + idx, (region(dst),), dtypes.name(dst.dtype),
                _partitions(dst) if dst.root.buffer != "hbm" else _partitions(src),
                _free(dst) if dst.root.buffer != "hbm" else _free(src),
                _dma_detail(dst, src, nbytes))
@@ -563,6 +610,10 @@ def _operand_dtype(x):
 def _binary(name, x, y, dtype, mask):
     run = context.current()
     api = name
+    if name in ("add", "subtract", "multiply") and builtins.any(
+            isinstance(t, IndexExpr) for t in (x, y)):
+        from .indirect import dynamic_index
+        return dynamic_index(name, x, y, run)
     tiles = [t for t in (x, y) if isinstance(t, Tensor)]
     if not tiles:
         raise nki_error("nkisim_invalid_argument", api=api, why="needs at least one tile")
@@ -948,12 +999,156 @@ def _unsupported(name):
     return fn
 
 
-rand = _unsupported("rand")
-random_seed = _unsupported("random_seed")
-dropout = _unsupported("dropout")
-gather_flattened = _unsupported("gather_flattened")
-atomic_rmw = _unsupported("atomic_rmw")
 all_reduce = _unsupported("all_reduce")
 rms_norm = _unsupported("rms_norm")
-shared_constant = _unsupported("shared_constant")
-shared_identity_matrix = _unsupported("shared_identity_matrix")
+
+
+# ---------------------------------------------------------------------------------------------
+# constants, dtype info, random numbers, gathers (aws-neuron-sdk 1db4d74e
+# nki/api/nki/language/__init__.py; each doc example's test is named below)
+
+def finfo(dtype):
+    """``nl.finfo(dtype)``: machine limits of a float dtype (``.min``, ``.max``, ``.eps``, ...).
+
+    The Beta 1 docs list it without a docstring; nki-samples fc5c69f reference/vision.py fills a
+    max-pool padding with ``nl.finfo(kernel_dtype).min`` (the most negative finite value), which is
+    NumPy's / ml_dtypes' ``finfo`` meaning."""
+    dt = dtypes.normalize(dtype)
+    if dt == dtypes.TF32:
+        dt = np.dtype(np.float32)
+    if not dtypes.is_float(dt):
+        raise nki_error("nkisim_invalid_argument", api="nl.finfo",
+                        why=f"{dtypes.name(dt)} is not a float dtype")
+    return ml_dtypes.finfo(dt)
+
+
+def shared_constant(constant, dtype=None, **kwargs):
+    """``nl.shared_constant(array, dtype=)``: an HBM tensor holding ``array`` cast to ``dtype``.
+
+    A compile-time constant the kernel loads like an input (AWS nki/test/test_psum_modulo_alloc.py:
+    ``identity = nl.shared_constant(np.identity(128, dtype=np.int8), dtype=nl.bfloat16)`` then
+    ``nl.load(identity)``): read-only, no instruction to create it."""
+    from .tensor import from_numpy
+    context.current()
+    arr = np.asarray(constant)
+    dt = dtypes.normalize(dtype) if dtype is not None else arr.dtype
+    vals = dtypes.cast(arr.astype(np.float32) if arr.dtype.kind in "iub" and
+                       dtypes.is_float(dt) else arr, dt)
+    return from_numpy(np.ascontiguousarray(vals), "shared_constant")
+
+
+def shared_identity_matrix(n, dtype=np.uint8, **kwargs):
+    """``nl.shared_identity_matrix(n, dtype)``: ``shared_constant(np.identity(n), dtype)``
+    (its docstring: "the same behavior to nki.language.shared_constant")."""
+    return shared_constant(np.identity(int(n), dtype=np.int8), dtype=dtype)
+
+
+def _rng(run) -> np.random.Generator:
+    """The kernel's random number generator: seeded with 0 at kernel start (runs reproduce) and
+    by ``nl.random_seed``."""
+    if run.rng is None:
+        run.rng = np.random.default_rng(0)
+    return run.rng
+
+
+def _seed_value(seed, api, run) -> int:
+    if isinstance(seed, Tensor):
+        v = read(seed, api, run)
+        if v.size < 1:
+            raise nki_error("nkisim_invalid_argument", api=api, why="the seed tile is empty")
+        return int(np.asarray(dtypes.to_f32(v)).reshape(-1)[0]) & 0xFFFFFFFF
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+        return int(seed) & 0xFFFFFFFF
+    raise nki_error("nkisim_invalid_argument", api=api,
+                    why=f"seed must be a 32-bit int or a one-element tile, got {seed!r}")
+
+
+def random_seed(seed, *, mask=None, **kwargs):
+    """``nl.random_seed(seed)``: the same seed gives the same sequence of random numbers
+    (docstring). The hardware generator is not documented, so nkisim's sequence is NumPy's
+    PCG64 seeded with the value: reproducible, but not the device's bits."""
+    run = context.current()
+    reads = (region(seed),) if isinstance(seed, Tensor) else ()
+    run.rng = np.random.default_rng(_seed_value(seed, "random_seed", run))
+    run.record("random_seed", VECTOR, reads, (), "uint32", 1, 1, {"inputs": len(reads)})
+
+
+def rand(shape, dtype=np.float32, **kwargs):
+    """``nl.rand(shape, dtype)``: a new SBUF tile of uniform random values in [0, 1) (docstring:
+    "sampled from a uniform distribution between 0 and 1"). Recorded on VectorE, the engine of
+    the hardware RNG's documented user ``nisa.dropout``."""
+    run = context.current()
+    shape = tuple(int(x) for x in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+    if len(shape) < 2:
+        shape = (shape[0] if shape else 1, 1)
+    if shape[0] > run.arch.pmax:
+        raise nki_error("err_num_partition_exceed_arch_limit", n=shape[0], limit=run.arch.pmax)
+    vals = _rng(run).random(shape, dtype=np.float32)
+    return result_tile(run, shape, dtype, vals, "rand", VECTOR, (), {"inputs": 0})
+
+
+def dropout(x, rate, *, dtype=None, mask=None, **kwargs):
+    """``nl.dropout(x, rate)``: zero each element with probability ``rate`` (a scalar or a tile
+    with one value per partition); no rescaling (docstring: "Randomly zeroes some of the elements
+    of the input tile given a probability rate"; nki-samples reference/attention.py rescales by
+    1 / (1 - p) itself)."""
+    from . import isa
+    return isa.dropout(x, rate, dtype=dtype, mask=mask)
+
+
+def gather_flattened(data, indices, *, mask=None, dtype=None, **kwargs):
+    """``nl.gather_flattened(data, indices)``: per partition, ``data`` flattened along its free
+    dims, indexed by ``indices`` (docstring: ``np.take_along_axis(data.reshape(P, -1),
+    indices.reshape(P, -1), axis=-1).reshape(indices.shape)``). Out-of-bound indices "return
+    garbage values": nkisim returns NaN there (the poison value) so a result that uses them shows.
+    """
+    run = context.current()
+    api = "gather_flattened"
+    d = _tile(data, api, "data")
+    ix = _tile(indices, api, "indices")
+    if d.shape[0] != ix.shape[0]:
+        raise nki_error("err_num_partition_mismatch",
+                        params=f"data{shape_str(d.shape)}, indices{shape_str(ix.shape)}", api=api)
+    if not dtypes.is_int(ix.dtype):
+        raise nki_error("nkisim_operand_dtype", param="indices", api=api,
+                        dtype=dtypes.name(ix.dtype), allowed="uint32 (integer indices)")
+    dv = dtypes.to_f32(read(d, api, run)).reshape(d.shape[0], -1)
+    iv = np.asarray(read(ix, api, run)).astype(np.int64).reshape(ix.shape[0], -1)
+    bad = (iv < 0) | (iv >= dv.shape[1])
+    out = np.take_along_axis(dv, np.clip(iv, 0, dv.shape[1] - 1), axis=-1)
+    out = np.where(bad, np.float32(np.nan), out)
+    shape = _tile_shape(ix)
+    return result_tile(run, shape, dtype or d.dtype, out.reshape(shape), api, GPSIMD, (d, ix),
+                       _detail(d, ix), mask=_mask(mask, shape))
+
+
+def atomic_rmw(dst, value, op, *, mask=None, **kwargs):
+    """``nl.atomic_rmw(dst, value, op)``: ``dst = op(dst, value)`` on HBM, atomically ("only
+    supports np.add currently"; aws-neuron-sdk nki/test/test_nki_nl_atomic_rmw.py indexes ``dst``
+    with an SBUF index tile). Indices that repeat accumulate every contribution (atomic)."""
+    from .isa import _alu_name
+    from .indirect import accumulate_at
+    run = context.current()
+    api = "atomic_rmw"
+    if not isinstance(dst, Tensor) or dst.root.buffer != "hbm":
+        raise nki_error("err_unsupported_memory", param="dst", api=api, expected="hbm",
+                        got=getattr(getattr(dst, "root", None), "buffer", type(dst).__name__))
+    name = _alu_name(op, api)
+    if name != "add":
+        raise nki_error("nkisim_unsupported", what=f"atomic_rmw with {name}",
+                        why="the docs: 'only supports np.add currently'")
+    if isinstance(value, Tensor):
+        src = _tile(value, api, "value")
+        vals = fit(dtypes.to_f32(read(src, api, run)), dst.shape, src.shape)
+        reads = (region(src),)
+    else:
+        vals = np.full(dst.shape, np.float32(value))
+        reads = ()
+    accumulate_at(dst, vals, api, run, mask=_mask(mask, dst.shape))
+    nbytes = dst.size * dst.dtype.itemsize
+    run.record("dma_copy", DMA, reads + (region(dst),), (region(dst),), dtypes.name(dst.dtype),
+               _partitions(src) if isinstance(value, Tensor) else 1,
+               _free(src) if isinstance(value, Tensor) else dst.size,
+               {"bytes": nbytes, "src": "sbuf", "dst": "hbm", "rmw": True,
+                "row_bytes": nbytes // builtins.max(1, dst.shape[0]),
+                "rows": builtins.max(1, dst.shape[0])})

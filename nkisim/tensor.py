@@ -278,17 +278,23 @@ def _allocate_direct(run, buf: DirectAlloc, name, dt, shape, paxis, file, line):
     if len(nft) < len(blocks):
         nft = tuple(nft) + (1,) * (len(blocks) - len(nft))
     nslots = math.prod(nft) if blocks else 1
-    end = buf.base_addr + nslots * tile_bytes
-    p0 = buf.base_partition
-    if end > total or p0 + P > run.arch.pmax:
-        raise nki_error("nkisim_invalid_argument", api=f"ncc.{kind}.mod_alloc",
-                        why=f"[NLA001] Allocated memory out of bound {{{name}}}@"
-                            f"{'SB' if kind == 'sbuf' else 'PSUM'}<{p0},{buf.base_addr}>"
-                            f"({P}x{nslots * tile_bytes}): the {kind.upper()} has {total} bytes "
-                            f"per partition")
+    place = getattr(buf, "place", None)      # ncc.sbuf.alloc(func): a placement per block
+    if place is not None:
+        nft = tuple(blocks)
+        nslots = math.prod(nft) if blocks else 1
+        spots = [place(idx, P, tile_bytes, run.arch) for idx in np.ndindex(*nft)] \
+            if blocks else [place((), P, tile_bytes, run.arch)]
+    else:
+        spots = [(buf.base_partition, buf.base_addr + j * tile_bytes) for j in range(nslots)]
+    for p0, lo in spots:
+        if lo < 0 or lo + tile_bytes > total or p0 < 0 or p0 + P > run.arch.pmax:
+            raise nki_error("nkisim_invalid_argument", api=f"ncc.{kind}.mod_alloc",
+                            why=f"[NLA001] Allocated memory out of bound {{{name}}}@"
+                                f"{'SB' if kind == 'sbuf' else 'PSUM'}<{p0},{lo}>"
+                                f"({P}x{tile_bytes}): the {kind.upper()} has {total} bytes "
+                                f"per partition")
     slots, offs = [], []
-    for j in range(nslots):
-        lo = buf.base_addr + j * tile_bytes
+    for p0, lo in spots:
         v = mem[p0:p0 + P, lo:lo + tile_bytes].view(sdt).reshape((P,) + free)
         slots.append(v)
         offs.append(p0 * total + lo)
@@ -473,12 +479,16 @@ class Tensor:
         if self._idx is not None:
             raise nki_error("nkisim_unsupported", what="nested indexing of an indexed view",
                             why="index the tensor once (CS149: 'Do not use nested slicing')")
+        from .indirect import has_tensor_index
+        if has_tensor_index(key):          # an SBUF tile of indices: indirect DMA
+            from .indirect import indirect_getitem
+            return indirect_getitem(self, key)
         oob = []
         kind, k = normalize_key(key, self.shape, self.name, oob)
         if kind == "basic":
             src = self._arr
-            arr = src[k]
-            w = None if self._w is None else self._w[k]
+            arr = src[k + (Ellipsis,)]     # all-int keys: a 0-d view, not a NumPy scalar
+            w = None if self._w is None else self._w[k + (Ellipsis,)]
             off = self._off
             for x, st in zip(k, src.strides):
                 off += (x.start if isinstance(x, slice) else x) * st
@@ -732,6 +742,9 @@ def _check_oob(t: Tensor, mask) -> None:
     """``err_tensor_access_out_of_bound`` unless ``mask`` excludes every out-of-bound element."""
     bad, fields = t._oob
     if mask is None or (bad & np.broadcast_to(mask, bad.shape)).any():
+        if "indirect" in fields:            # a runtime index from an SBUF tile (nkisim.indirect)
+            from .indirect import oob_error
+            raise oob_error(fields)
         raise nki_error("err_tensor_access_out_of_bound", **fields)
 
 
