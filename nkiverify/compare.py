@@ -221,7 +221,11 @@ class _Summary:
     def _bin(self, v):
         # Non-negative float64 bit patterns sort as the values: exponent and top mantissa bits
         # are a log-scale bin index.
-        self.hist += np.bincount(v.view(np.uint64) >> _HIST_SHIFT, minlength=_HIST_BINS)
+        idx = v.view(np.uint64) >> _HIST_SHIFT
+        lo = int(idx.min())
+        idx -= np.uint64(lo)                   # bins from the chunk's smallest: a short count
+        counts = np.bincount(idx.view(np.int64))
+        self.hist[lo:lo + counts.size] += counts
 
     def _order_stat(self, cum, k):
         """Estimate of the k-th smallest value (0-based) from the histogram."""
@@ -368,6 +372,10 @@ def error_stats(actual, expected, dtype, tolerance, scale=None, *, full=True, ch
                              f"the output shape {shape}") from None
 
     tiny = float(_finfo(tolerance.dtype).smallest_normal)
+    # allowed >= max_ulp * (a positive ulp) + atol > 0, unless both are 0 (exact tolerances)
+    # or half float64's smallest subnormal underflows (float64 outputs)
+    exact = not (tolerance.atol > 0 or
+                 tolerance.max_ulp > 0 and _finfo(tolerance.dtype).bits < 64)
     abs_s = _Summary(exact_percentiles)
     rel_s = _Summary(exact_percentiles)
     ulp_s = _Summary(exact_percentiles)
@@ -402,8 +410,12 @@ def error_stats(actual, expected, dtype, tolerance, scale=None, *, full=True, ch
         err = a - e            # a and e may be views of the caller's arrays: no in-place ops
         abs_err = np.abs(err)
         allowed = tolerance.allowed(e, s)
-        with np.errstate(divide="ignore"):  # allowed is 0 only for exact tolerances: ratio inf
-            ratio = np.divide(abs_err, allowed, out=np.zeros_like(abs_err), where=abs_err > 0)
+        if exact:       # allowed is 0 only for exact tolerances: ratio inf where abs_err > 0
+            with np.errstate(divide="ignore"):
+                ratio = np.divide(abs_err, allowed, out=np.zeros_like(abs_err),
+                                  where=abs_err > 0)
+        else:
+            ratio = abs_err / allowed
         mismatches += int(np.count_nonzero(ratio > 1))
         abs_max = max(abs_max, float(abs_err.max()))
         if not full:
