@@ -299,7 +299,7 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unkn
     detail = _detail(a, b)
     detail["alu"] = name
     return result_tile(run, out.shape, dtype or dtypes.promote(a.dtype, b.dtype), out, api,
-                       eng, (a, b), detail, mask=_mask(mask, out.shape))
+                       eng, (a, b), detail, mask=_mask(mask, out.shape), fresh=True)
 
 
 def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False,
@@ -601,7 +601,7 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
               "fp32": fp32, "flops": 0 if is_transpose else 2 * K * M * N,
               "dtype_in": dtypes.name(st.dtype)}
     return result_tile(run, (M,) + ms[1:], np.float32, out, api, TENSOR, (st, mv), detail,
-                       buffer=nl.psum, mask=_mask(mask, (M,) + ms[1:]))
+                       buffer=nl.psum, mask=_mask(mask, (M,) + ms[1:]), fresh=True)
 
 
 def _double_row(run, st, mv, mode, mask):

@@ -162,9 +162,13 @@ def _mask(mask, shape):
 
 
 def result_tile(run, shape, dtype, vals, op, engine, reads, detail, buffer=sbuf, mask=None,
-                name=None):
-    """Create the instruction's output tile, write ``vals``, record the instruction."""
-    t = allocate(shape, dtype, buffer=buffer, name=name or "", api=op, poison=mask is not None)
+                name=None, fresh=False):
+    """Create the instruction's output tile, write ``vals``, record the instruction.
+
+    ``fresh``: ``vals`` was just computed by the op and nothing else references it, so it may
+    become the tile's storage without a copy (``tensor.allocate(storage=)``)."""
+    t = allocate(shape, dtype, buffer=buffer, name=name or "", api=op, poison=mask is not None,
+                 storage=vals if fresh and mask is None else None)
     write(t, vals, op, run=run, mask=mask)
     instr = run.record(op, engine, tuple(region(r) for r in reads), (region(t),),
                        dtypes.name(t.dtype), _partitions(t), _free(t), detail)

@@ -129,6 +129,25 @@ def pytest_configure(config):
     # only matters where device twins can run at all.
     if getattr(config.option, "dist", "no") == "load" and _device_backend(config).available():
         config.option.dist = "loadgroup"
+    elif getattr(config.option, "dist", "no") == "load" and not config.stash.get(_DIST_GIVEN,
+                                                                                  True):
+        # `-n N` without `--dist`: xdist's `load` hands tests out in fixed chunks, so the large
+        # conv2d cases could pile up on one worker (issue 12: `pytest -n 2` 131-136 s, `-n 1`
+        # 170 s); `worksteal` lets an idle worker take a busy one's pending tests (92-95 s).
+        # With the slow cases ordered first (pytest_collection_modifyitems) each worker
+        # starts on large cases and the small ones fill in at the end.
+        config.option.dist = "worksteal"
+
+
+_DIST_GIVEN = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_cmdline_main(config):
+    # before xdist turns `-n N` into `--dist load`: did the user choose a distribution mode?
+    config.stash[_DIST_GIVEN] = getattr(config.option, "dist", "no") != "no" or \
+        bool(getattr(config.option, "distload", False))
+    yield
 
 
 # ---- twins --------------------------------------------------------------------------------
@@ -213,6 +232,10 @@ def pytest_collection_modifyitems(session, config, items):
         if deselected:
             config.hook.pytest_deselected(items=deselected)
             items[:] = selected
+
+    # The slow cases first (stable: the rest keeps its order), the same on every xdist worker,
+    # so the large cases start early and the short ones balance the workers at the end.
+    items[:] = sorted(items, key=lambda item: item.get_closest_marker("slow") is None)
 
     # Each device twin right after its simulate twin, so the simulate outcome is known.
     twins = [i for i in items if _mode(i) is not None]
