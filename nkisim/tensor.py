@@ -230,8 +230,8 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
         # device compiler reports, not a host MemoryError (issue 9).
         raise nki_error("nkisim_sbuf_overflow", need=run.memory.sbuf_live + pbytes,
                         limit=run.arch.sbuf_usable_bytes, target=run.arch.name,
-                        largest=f"'{name}' {shape_str(shape)} {dtypes.name(dt)} "
-                                f"({pbytes} bytes per partition) at {file}:{line}")
+                        largest=f"`{name}` {shape_str(shape)} {dtypes.name(dt)}: {pbytes} B "
+                                f"({context.where(file, line)})")
     phys_shape = (P,) + blocks + free
     if fill is None:
         arr = np.full(phys_shape, dtypes.poison(dt), dtype=sdt) if poison else \
