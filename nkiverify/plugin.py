@@ -268,6 +268,7 @@ def _dtype_name(value) -> str | None:
 
 @pytest.hookimpl(tryfirst=True)   # before xdist's worker hook turns xdist_group into nodeids
 def pytest_collection_modifyitems(session, config, items):
+    _let_given_tests_use_nki_fixtures(items)
     allowed = config.getoption("nki_dtypes")
     if allowed:
         keep_names = set()
@@ -311,6 +312,45 @@ def pytest_collection_modifyitems(session, config, items):
                 getattr(config.option, "dist", "no") == "loadgroup":
             for item in twins:
                 item.add_marker(pytest.mark.xdist_group(_twin_group(item)))
+
+
+NKI_FIXTURES = ("nki_verify", "nki_backend", "nki_check", "nki_report", "nki_target",
+                "nki_mode", "nki_device", "nki_contract")
+
+
+def _let_given_tests_use_nki_fixtures(items) -> None:
+    """A ``@given`` test that requests nki fixtures (the README recipe) would fail hypothesis's
+    function-scoped-fixture health check (and its deadline); those fixtures hold no per-example state (a backend,
+    a recorder that replaces a replayed case's record), so that check is suppressed for exactly
+    those tests (when every function-scoped fixture they request is ours), whatever the
+    project's hypothesis profile."""
+    if settings is None:
+        return
+    for item in items:
+        fn = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+        own = getattr(fn, "_hypothesis_internal_use_settings", None)
+        if own is None or HealthCheck.function_scoped_fixture in own.suppress_health_check:
+            continue
+        names = set(getattr(item, "fixturenames", ()))
+        if not names & set(NKI_FIXTURES):
+            continue
+        import inspect
+        try:
+            params = set(inspect.signature(item.function).parameters)
+        except (TypeError, ValueError):
+            continue
+        info = item._fixtureinfo.name2fixturedefs
+        foreign = [n for n in params if n in info and n not in NKI_FIXTURES
+                   and info[n][-1].scope == "function"]
+        if foreign:
+            continue
+        # a simulated kernel takes longer than hypothesis's default 200 ms deadline, which is
+        # about timing, not correctness: lift it too unless the test set its own
+        deadline = None if own.deadline == settings.default.deadline else own.deadline
+        fn._hypothesis_internal_use_settings = settings(
+            own, deadline=deadline,
+            suppress_health_check=[*own.suppress_health_check,
+                                   HealthCheck.function_scoped_fixture])
 
 
 @pytest.hookimpl(hookwrapper=True)
