@@ -2,7 +2,7 @@
 
 Runs the handout's Part 1 kernels with the published settings on both targets and compares the
 estimate (``nki.benchmark``'s p99 on nkisim) with the measurements of
-shared/spec/cs149-assignment.md §5 (student write-ups: nc_latency p99 in µs, or the profiler's
+docs/cs149-assignment.md §5 (student write-ups: nc_latency p99 in µs, or the profiler's
 total_time where the handout used the profiler). Prints a table, checks the targets of the
 cost-model issue (median |error| <= 20% per target, every row within 2x, rows in the same order of
 speed as the measurements), and ends with ``median abs error: trn2 X% trn1 Y%``.

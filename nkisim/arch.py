@@ -1,6 +1,6 @@
 """The simulated targets: trn1 (NeuronCore-v2) and trn2 (NeuronCore-v3).
 
-Every number cites shared/spec/nki-reference.md ("ref §x.y"). Select a target with the
+Every number cites docs/nki-reference.md ("ref §x.y"). Select a target with the
 ``NKISIM_TARGET`` environment variable (``trn1``/``trn2``, also ``gen2``/``gen3``) or with
 ``platform_target=`` on ``nki.jit``; the default is trn2, the course's instance (ref §0, CS149-25).
 """

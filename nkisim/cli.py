@@ -19,12 +19,36 @@ import sys
 from . import __version__
 
 
+class _UsageError(Exception):
+    pass
+
+
+def _validate_env(args) -> None:
+    """NKISIM_TARGET / --target and NKISIM_CHECKS / --checks, before anything runs."""
+    from .arch import get_arch
+    target = getattr(args, "target", None) or os.environ.get("NKISIM_TARGET")
+    if target:
+        try:
+            get_arch(target)
+        except ValueError as exc:
+            where = "--target" if getattr(args, "target", None) else "NKISIM_TARGET"
+            raise _UsageError(f"{where}: {exc}") from None
+    checks = getattr(args, "checks", None)
+    where = "--checks"
+    if checks is None:
+        checks, where = os.environ.get("NKISIM_CHECKS"), "NKISIM_CHECKS"
+    if checks is not None:
+        from .context import parse_checks
+        try:
+            parse_checks(checks)
+        except ValueError as exc:
+            raise _UsageError(f"{where} {checks!r}: {exc}") from None
+
+
 def _run(args) -> int:
     if args.target:
         os.environ["NKISIM_TARGET"] = args.target
     if args.checks is not None:
-        from .context import parse_checks
-        parse_checks(args.checks)           # validate early, with a clear message
         os.environ["NKISIM_CHECKS"] = args.checks
     if args.strict:
         os.environ["NKISIM_STRICT"] = "1"
@@ -61,10 +85,15 @@ def _info(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):           # one line, naming the argument; exit status 2
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} -h)\n")
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="nkisim", description="Run NKI kernels without a device.")
+    p = _Parser(prog="nkisim", description="Run NKI kernels without a device.")
     p.add_argument("--version", action="version", version=f"nkisim {__version__}")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     r = sub.add_parser("run", help="run an unmodified NKI script on nkisim")
     r.add_argument("--target", choices=["trn1", "trn2"], help="simulated target (default trn2)")
     r.add_argument("--checks", help="checks to run: all, none, a list, or -name to drop one")
@@ -77,6 +106,11 @@ def main(argv=None) -> int:
     i = sub.add_parser("info", help="show targets, shim state and checks")
     i.set_defaults(fn=_info)
     args = p.parse_args(argv)
+    try:
+        _validate_env(args)
+    except _UsageError as exc:
+        print(f"nkisim {args.cmd}: error: {exc}", file=sys.stderr)
+        return 2
     return args.fn(args)
 
 

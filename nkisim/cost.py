@@ -2,7 +2,7 @@
 
 Every constant lives in :class:`CostParams` (one instance per target in :data:`COST_PARAMS`;
 :func:`params_for` also gives the trn2 ``--disable-dge`` variant) with a comment citing
-shared/spec/nki-reference.md ("ref §x.y") or shared/spec/cs149-assignment.md ("cs149 §x").
+docs/nki-reference.md ("ref §x.y") or docs/cs149-assignment.md ("cs149 §x").
 
 The model (``nkisim.schedule`` assembles the timeline from these pieces):
 

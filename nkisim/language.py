@@ -698,7 +698,12 @@ logical_xor = _make_binary("logical_xor")
 
 
 def _gelu(x):
+    # In float64 whatever NumPy's promotion rules: NumPy 1.x keeps a float32 array float32
+    # against the float64 scalar sqrt(2) (value-based casting), NumPy 2 promotes (NEP 50), and
+    # 1 + erf(x/sqrt 2) cancels for x < 0, so in float32 the result was 3-4 ulp off on 1.26
+    # (tests/nkisim/test_nl_ops.py::test_unary_float[gelu-float32]); the caller rounds once.
     from scipy.special import erf as _erf
+    x = np.asarray(x, dtype=np.float64)
     return 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0)))
 
 

@@ -209,6 +209,10 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
         for i, a in enumerate(args):
             name = sig_names[i] if i < len(sig_names) else f"arg{i}"
             if isinstance(a, np.ndarray) or _is_array_like(a):
+                if np.size(a) == 0:
+                    from . import errors
+                    raise errors.nki_error("nkisim_empty_tensor", what="kernel argument", name=name,
+                                    shape=tuple(np.shape(a)))
                 t = from_numpy(np.asarray(a), name, mutable=name in mutable)
                 if name in mutable:
                     mutables[name] = t

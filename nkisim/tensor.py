@@ -181,6 +181,9 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
     file, line = context.caller_location()
     name = name or _infer_name(file, line, f"{buf.kind}_tensor")
     sdt = dtypes.storage(dt)
+    if 0 in shape:      # region arithmetic divides by the free size (issue 9: (128, 0) input)
+        raise nki_error("nkisim_empty_tensor", what=f"{buf.kind.upper()} tensor", name=name,
+                        shape=shape_str(shape))
 
     if buf.kind == "hbm":
         if fill is not None:
@@ -236,6 +239,13 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
             raise nki_error("err_tensor_creation_on_scratchpad_with_init_value_not_supported")
         return _allocate_direct(run, buf, name, dt, shape, paxis, file, line)
 
+    if buf.kind == "sbuf" and "capacity" in run.checks and pbytes > run.arch.sbuf_usable_bytes:
+        # Refuse before NumPy tries to allocate it: a (128, 1e9) tile is the SBUF overflow the
+        # device compiler reports, not a host MemoryError (issue 9).
+        raise nki_error("nkisim_sbuf_overflow", need=run.memory.sbuf_live + pbytes,
+                        limit=run.arch.sbuf_usable_bytes, target=run.arch.name,
+                        largest=f"`{name}` {shape_str(shape)} {dtypes.name(dt)}: {pbytes} B "
+                                f"({context.where(file, line)})")
     phys_shape = (P,) + blocks + free
     if storage is not None and fill is None and not poison and not paxis and \
             dt == sdt and storage.dtype == sdt and storage.shape == phys_shape and \

@@ -1,4 +1,4 @@
-"""nkisim.cost against the reference's cost formulas (shared/spec/nki-reference.md §1.10, §3)."""
+"""nkisim.cost against the reference's cost formulas (docs/nki-reference.md §1.10, §3)."""
 
 import pytest
 
