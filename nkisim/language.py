@@ -458,8 +458,10 @@ def copy(src, *, mask=None, dtype=None, **kwargs):
     run = context.current()
     x = _tile(src, "copy", "src")
     vals = read(x, "copy", run)
+    d = _detail(x)
+    d["auto_engine"] = True            # the compiler picks the engine (nkisim.cost)
     return result_tile(run, x.shape, dtype or x.dtype, vals, "tensor_copy", VECTOR, (x,),
-                       _detail(x), mask=_mask(mask, x.shape))
+                       d, mask=_mask(mask, x.shape))
 
 
 def broadcast_to(src, *, shape, **kwargs):
