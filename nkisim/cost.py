@@ -140,6 +140,10 @@ class CostParams:
     # dma_transpose: "HBM->SBUF up to 90%, SBUF->SBUF up to 50% of DMA throughput" (§3.5).
     dma_transpose_hbm_factor: float = 0.9
     dma_transpose_sbuf_factor: float = 0.5
+    # "Initiating a tensor access costs a static overhead approximately 60 cycles on
+    # NeuronCore-v2" (trn1 arch guide, ref §3.4): added to every VectorE/ScalarE/GpSimdE
+    # instruction past MIN_II (which already covers it for small tiles). No NC-v3 figure.
+    access_overhead_cycles: float = 0.0
     # --- buffers (nkisim.schedule._Renamer) ---
     # Copies of a tile the compiler's allocator rotates over when a write ends the old value's
     # live range (1 = no renaming). See the module docstring, "buffers".
@@ -197,7 +201,8 @@ class CostParams:
 #   trn2: stream FREE_DIM=200 15 - 2.22 = 12.78 us; --disable-dge FREE_DIM=2000 n=256000
 #     28.5 - 15.27 = 13.23; FREE_DIM=1000 27 - 16.90 = 10.10 -> mean 12.04 us -> 12.0.
 COST_PARAMS: dict = {
-    "trn1": CostParams(arch=TARGETS["trn1"], dma_fixed_ns=930.0, launch_ns=14_700.0),
+    "trn1": CostParams(arch=TARGETS["trn1"], dma_fixed_ns=930.0, launch_ns=14_700.0,
+                       access_overhead_cycles=60.0),
     "trn2": CostParams(arch=TARGETS["trn2"], launch_ns=12_000.0, vector_perf_mode=True,
                        rename_buffers=8,
                        fp32_transpose_factor=2.0, dge=True),
@@ -481,6 +486,16 @@ def _is_zero(v) -> bool:
 
 
 def engine_cycles(instr: Instr, params: CostParams, engine: str | None = None) -> float:
+    """II in engine cycles of a VectorE/ScalarE/GpSimdE instruction: :func:`stream_cycles` plus,
+    on NC-v2, the static tensor-access overhead (``access_overhead_cycles``) beyond MIN_II."""
+    c = stream_cycles(instr, params, engine)
+    ovh = params.access_overhead_cycles
+    if ovh and c > params.min_ii_cycles:
+        c += ovh
+    return c
+
+
+def stream_cycles(instr: Instr, params: CostParams, engine: str | None = None) -> float:
     """II in engine cycles of a VectorE/ScalarE/GpSimdE instruction (ref §1.10, §3.4).
 
     Reads ``detail`` keys ``inputs``, ``psum_in``, ``all_16bit``, ``contiguous`` and, when the
