@@ -496,13 +496,14 @@ class _Renamer:
 
     def _map(self, r, write, ins):
         k = r.key
-        if r.buffer == "hbm" or not isinstance(k, tuple):
+        if r.buffer == "hbm":
             return r
-        if self.single is not None and k and k[-1] == "decl":
+        tup = isinstance(k, tuple)
+        if tup and self.single is not None and k and k[-1] == "decl":
             k = k[:4] if k[:4] in self.single else k[:5]
             if self.nbuf <= 1:
                 return Region(r.buffer, k, r.name, r.p0, r.p1, r.b0, r.b1)
-        if self.nbuf <= 1 or (len(k) > 1 and k[1] == "direct"):
+        if self.nbuf <= 1 or (tup and len(k) > 1 and k[1] == "direct"):
             return r
         st = self.state.get(k)
         if st is None:
