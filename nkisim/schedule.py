@@ -1,9 +1,13 @@
 """Turn a :class:`~nkisim.trace.Trace` into an engine schedule: when each instruction runs.
 
 The engines are asynchronous queues synchronized by semaphores (ref §3.2). TensorE, VectorE,
-ScalarE and GpSimdE each run their instructions in trace order; an instruction starts when its
-engine is free and every instruction it depends on is done (plus the dependent-instruction
-latency, ``nkisim.cost``). A DMA becomes ready when its dependencies are done. On the
+ScalarE and GpSimdE each run their instructions in the compiler's order: trace order for kernels
+compiled with ``skip_middle_end_transformations``, otherwise the earliest idle gap after the
+instruction is ready (the compiler's list schedule). An instruction starts when its engine is
+free and every instruction it depends on is done (plus the dependent-instruction latency,
+``nkisim.cost``). Copies the kernel leaves to the compiler go to VectorE or ScalarE, whichever
+finishes first; tile values are renamed into other buffers as the compiler would
+(:class:`_Renamer`; both in the module docstring of ``nkisim.cost``). A DMA becomes ready when its dependencies are done. On the
 hardware-DGE path (trn2's default) the DMA-issuing sequencer then executes it, one DMA at a time.
 On the descriptor path (trn1, ``--disable-dge``) the fixed DMA latency elapses instead. The DMA
 then shares the 16 queues' bandwidth with the other transfers in flight. Both the sequencer and
