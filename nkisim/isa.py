@@ -221,8 +221,11 @@ def tensor_copy(src, *, mask=None, dtype=None, engine=engine.unknown, **kwargs):
         raise nki_error("err_unsupported_memory", param="src", api="tensor_copy (gpsimd)",
                         expected="sbuf", got="psum")
     vals = read(x, "tensor_copy", run)
+    d = _detail(x)
+    if engine is None or engine == globals()["engine"].unknown:
+        d["auto_engine"] = True        # the compiler picks the engine (nkisim.cost)
     return result_tile(run, x.shape, dtype or x.dtype, vals, "tensor_copy", eng, (x,),
-                       _detail(x), mask=_mask(mask, x.shape))
+                       d, mask=_mask(mask, x.shape))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -412,7 +412,9 @@ def _dma_detail(dst: Tensor, src: Tensor, nbytes: int) -> dict:
 
 def _contig_bytes(t: Tensor) -> int:
     a = t._arr
-    if a is None or t._idx is not None:
+    if a is not None and t._idx is not None:
+        return _indexed_contig_bytes(t)
+    if a is None:
         return t.dtype.itemsize
     run = a.itemsize
     limit = t.root.row_bytes if t.root.buffer != "hbm" else None
@@ -425,6 +427,32 @@ def _contig_bytes(t: Tensor) -> int:
             break
         run *= n
     return run
+
+
+def _indexed_contig_bytes(t: Tensor) -> int:
+    """Mean contiguous run (bytes) of an advanced-indexed view (``a[m*128 + i.p, i.x]`` with
+    ``i = nl.mgrid[...]``): the DMA moves each maximal run of consecutive addresses as one
+    descriptor, however the kernel spelled the index (nkisim.cost: DMAs are costed by their
+    contiguous runs)."""
+    a = t._arr
+    item = a.itemsize
+    try:
+        idx = [np.asarray(i, dtype=np.int64) for i in t._idx]
+        shp = np.broadcast_shapes(*(i.shape for i in idx))
+        off = np.zeros(shp, dtype=np.int64)
+        for i, st in zip(idx, a.strides):
+            off = off + i * st
+    except Exception:                      # an index form this does not understand
+        return item
+    if off.ndim == 0 or off.size <= 1:
+        return item
+    off = off.reshape(-1, off.shape[-1])
+    limit = t.root.row_bytes if t.root.buffer != "hbm" else None
+    cont = np.diff(off, axis=1) == item
+    if limit:                              # an SBUF run ends at its partition's end
+        cont &= (off[:, 1:] // limit) == (off[:, :-1] // limit)
+    runs = off.shape[0] + int((~cont).sum())
+    return builtins.max(item, int(item * off.size // runs))
 
 
 def _dma(dst: Tensor, src: Tensor, src_vals, api: str, run, mask=None, accumulate_op=None):
@@ -517,8 +545,10 @@ def copy(src, *, mask=None, dtype=None, **kwargs):
     run = context.current()
     x = _tile(src, "copy", "src")
     vals = read(x, "copy", run)
+    d = _detail(x)
+    d["auto_engine"] = True            # the compiler picks the engine (nkisim.cost)
     return result_tile(run, x.shape, dtype or x.dtype, vals, "tensor_copy", VECTOR, (x,),
-                       _detail(x), mask=_mask(mask, x.shape))
+                       d, mask=_mask(mask, x.shape))
 
 
 def broadcast_to(src, *, shape, **kwargs):

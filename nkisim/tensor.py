@@ -148,8 +148,12 @@ def _site_key(run, buffer, file, line, result=False):
     n = counts.get(site, 0)
     counts[site] = n + 1
     mb = run.multi_buffer        # buffers per site in affine_range bodies (runtime.py)
-    if result and mb > 1 and run.loops and run.loops[-1].kind == "affine":
-        return (buffer, file, line, n, run.loops[-1].iteration % mb)
+    if mb > 1 and run.loops and run.loops[-1].kind == "affine":
+        if result:
+            return (buffer, file, line, n, run.loops[-1].iteration % mb)
+        # a declared tile: multi-buffered too unless a DMA fills it (the scheduler decides,
+        # nkisim.schedule._Renamer; evidence in nkisim.cost, "buffers")
+        return (buffer, file, line, n, run.loops[-1].iteration % mb, "decl")
     return (buffer, file, line, n)
 
 
@@ -999,7 +1003,8 @@ def assign(dst: Tensor, value, fresh: bool = True) -> None:
             write(dst, src_vals, "tensor_copy", run=run)
             run.record("tensor_copy", "vector", (region(value),), (region(dst),),
                        dtypes.name(dst.dtype), _partitions(dst), _free(dst),
-                       {"inputs": 1, "psum_in": value.root.buffer == "psum"})
+                       {"inputs": 1, "psum_in": value.root.buffer == "psum",
+                        "auto_engine": True})      # the compiler picks the engine (nkisim.cost)
         return
     if isinstance(value, (int, float, np.integer, np.floating, bool)):
         write(dst, np.full(dst.shape, value, dtype=np.float32 if isinstance(
