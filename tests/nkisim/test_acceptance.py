@@ -237,6 +237,8 @@ def test_strict_mode_from_the_environment_the_cli_and_pytest(tmp_path):
     assert bad.returncode != 0 and "nkisim_strict_rule" not in bad.stdout
     assert "strict mode (NKISIM_STRICT=1)" in bad.stderr
 
+    # the project opts into the nkiverify plugin (which serves the neuronxcc shim)
+    (tmp_path / "pytest.ini").write_text("[pytest]\nnki_verify = true\n")
     test = tmp_path / "test_k.py"
     test.write_text("import runpy\n"
                     f"def test_k():\n    runpy.run_path({str(script)!r})\n")
