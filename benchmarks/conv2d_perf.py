@@ -1,5 +1,5 @@
 """Estimated trn2 latency of ``kernels.conv2d.fused_conv2d_maxpool`` on the course's performance
-configurations, against the course thresholds (shared/spec/cs149-assignment.md §2).
+configurations, against the course thresholds (docs/cs149-assignment.md §2).
 
     python benchmarks/conv2d_perf.py [--target trn2] [--summary] [--only fp16]
 
