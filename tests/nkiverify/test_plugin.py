@@ -289,7 +289,7 @@ def test_twins_share_an_xdist_worker_under_loadgroup(pytester):
 
 
 def test_xdist_defaults_to_worksteal_with_slow_cases_first(pytester):
-    # `-n 2` alone: worksteal (an idle worker takes a busy one's pending tests); an explicit
+    # `-n N` alone: worksteal (an idle worker takes a busy one's pending tests); an explicit
     # --dist is kept. Slow cases are collected first, twins still adjacent. (Only in a project
     # that opted in: the plugin is inert elsewhere.)
     pytester.makeini("[pytest]\nnki_verify = true\n")
@@ -303,10 +303,11 @@ def test_xdist_defaults_to_worksteal_with_slow_cases_first(pytester):
         def test_k(x, nki_backend):
             pass
     """)
-    result = pytester.runpytest_subprocess("-n", "2", "-v", "-p", "no:cacheprovider")
+    # one worker is enough to see the scheduler xdist picks (and cheaper than two)
+    result = pytester.runpytest_subprocess("-n", "1", "-v", "-p", "no:cacheprovider")
     result.stdout.fnmatch_lines(["*scheduling tests via WorkStealingScheduling*"])
     result.assert_outcomes(passed=3, skipped=2)
-    explicit = pytester.runpytest_subprocess("-n", "2", "--dist", "load", "-v",
+    explicit = pytester.runpytest_subprocess("-n", "1", "--dist", "load", "-v",
                                              "-p", "no:cacheprovider")
     explicit.stdout.fnmatch_lines(["*scheduling tests via LoadScheduling*"])
     order = pytester.runpytest("--collect-only", "-q").outlines
