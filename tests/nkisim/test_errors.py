@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from nkisim import NKISyntaxError, NKIWarning, nki
-from nkisim.errors import NKIRuleWarning
 from nkisim import compiler as ncc
 from nkisim import isa as nisa
 from nkisim import language as nl
 from nkisim import typing as nt
+from nkisim.errors import NKIRuleWarning
 
 DOCS = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/nki/api/nki.errors.html"
 
