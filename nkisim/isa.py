@@ -19,8 +19,8 @@ from .errors import nki_error, shape_str
 from .indexing import IndexExpr, MaskExpr
 from .language import (
     _detail,
-    _partitions,
     _mask,
+    _partitions,
     _tile,
     _tile_shape,
     _tile_vals,

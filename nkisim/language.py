@@ -1002,7 +1002,10 @@ def matmul(x, y, *, transpose_x=False, mask=None, **kwargs):
     from . import isa
     context.current()                  # outside a kernel: err_nki_api_outside_of_nki_kernel
     for p, t in (("x", x), ("y", y)):
-        if isinstance(t, Tensor) and t.root.buffer != "sbuf":     # x, y: SBUF (ref §1.8)
+        # x, y: SBUF (ref §1.8). A PSUM tile (an nl.transpose result) is a tolerated rule,
+        # reported by nc_matmul: AWS's tutorials/attention_fwd_performance v1 does
+        # `nl.matmul(scores, nl.transpose(v_sbuf))`.
+        if isinstance(t, Tensor) and t.root.buffer not in ("sbuf", "psum"):
             raise nki_error("err_unsupported_memory", param=p, api="matmul", expected="sbuf",
                             got=t.root.buffer)
     xt = _tile(x, "matmul", "x")

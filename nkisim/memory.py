@@ -7,7 +7,8 @@ bodies are unrolled at trace time, so their tiles live on until unreachable). SB
 counted in bytes per partition (``prod(free dims) * itemsize``, ref §1.2); PSUM usage in 2 KiB
 banks, one bank per tile at least, because a PSUM tile cannot span banks and each matmul
 accumulation group owns a bank (ref §1.4, §1.11). Exceeding the target's usable SBUF per
-partition (trn1 176 KiB; trn2 224 KiB, no reservation documented, see ``nkisim.arch``) or its 8 PSUM banks raises
+partition (trn1 176 KiB; trn2 224 KiB, no reservation documented, see ``nkisim.arch``) or its
+8 PSUM banks raises
 ``nkisim_sbuf_overflow``/``nkisim_psum_overflow`` naming the largest live tensors (the device
 compiler reports these as GCA035 "couldn't be allocated in SB", ref §2.2); the real simulator
 does not check capacity at all (ref §4.1, §4.2).

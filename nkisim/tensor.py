@@ -506,6 +506,17 @@ class Tensor:
             return indirect_getitem(self, key)
         oob = []
         kind, k = normalize_key(key, self.shape, self.name, oob)
+        if kind == "basic" and self.root.buffer != "hbm" and self.paxis == 0 and k and \
+                isinstance(k[0], slice) and len(self.shape) >= 2 and \
+                sum(isinstance(x, slice) for x in k) + len(self.shape) - len(k) < 2:
+            # An SBUF/PSUM tile keeps 2 dimensions (partition, free): `buf[:, i]` is a
+            # [P, 1] tile. The known-issues page says tiles need 2 dimensions and recommends
+            # `my_sbuf[0:N, 0]` to access an [N, 1] buffer; AWS's reference/attention.py passes
+            # `l_buffer[:, i]` to a helper documented "l_buffer: (B_P_SIZE, 1)" that indexes it
+            # `l_buffer[:, 0]`. (HBM tensors drop integer-indexed dimensions as in NumPy, as
+            # the programming model's "Basic Tensor Indexing" shows.)
+            j = max(i for i, x in enumerate(k) if not isinstance(x, slice))
+            k = k[:j] + (slice(k[j], k[j] + 1, 1),) + k[j + 1:]
         if kind == "basic":
             src = self._arr
             arr = src[k + (Ellipsis,)]     # all-int keys: a 0-d view, not a NumPy scalar

@@ -22,8 +22,7 @@ import pytest
 
 import nkisim.shim
 from nkisim import NKIWarning
-from nkisim.errors import NKIRuleWarning
-from nkisim.errors import ERRORS
+from nkisim.errors import ERRORS, NKIRuleWarning
 from nkisim.runtime import simulate
 
 nkisim.shim.install()          # kernels and fixtures import neuronxcc.nki

@@ -48,25 +48,30 @@ def test_reshape_accepts_the_shape_keyword():
     assert np.array_equal(run(body, a), a.reshape(128, 32))
 
 
-def test_integer_index_on_a_free_axis_gives_a_partition_vector():
-    """Basic indexing drops an integer-indexed dimension (programming model, "Basic Tensor
-    Indexing": `x[:, 1, 0:2].shape == [2, 2]`), so `buf[:, 0]` is [P]; the known-issues page
-    recommends `my_sbuf[0:N, 0]` and AWS's reference/attention.py does
-    `m_previous = nl.copy(m_buffer[:, 0])` then writes `m_buffer[:, 0] = nl.maximum(...)`."""
+def test_integer_index_on_a_free_axis_keeps_a_1_column_tile():
+    """`buf[:, i]` of an SBUF tile is a [P, 1] tile: the known-issues page says tiles need 2
+    dimensions and recommends `my_sbuf[0:N, 0]` to access [N, 1] buffers; AWS's
+    reference/attention.py does `m_previous = nl.copy(m_buffer[:, 0])`, and passes
+    `l_buffer[:, i]` to a helper documented "l_buffer: (B_P_SIZE, 1)" that indexes it
+    `l_buffer[:, 0]`. HBM tensors drop the dimension (programming model, "Basic Tensor
+    Indexing": `x[:, 1, 0:2].shape == [2, 2]`)."""
     seen = {}
 
     def body(a):
         out = nl.ndarray((128, 1), dtype=a.dtype, buffer=nl.shared_hbm)
         buf = nl.load(a)
         m = nl.copy(buf[:, 0])
-        seen["view"], seen["copy"] = buf[:, 0].shape, m.shape
+        col = buf[:, 3]
+        seen["view"], seen["copy"], seen["again"] = col.shape, m.shape, col[:, 0].shape
+        seen["hbm"], seen["3d"] = a[:, 0].shape, buf.reshape((128, 2, 2))[:, 0].shape
         buf[:, 1] = nl.maximum(m, buf[:, 2])
         nl.store(out, nl.add(buf[:, 1], 1.0))
         return out
 
     a = rand(128, 4)
     out = run(body, a)
-    assert seen == {"view": (128,), "copy": (128,)}
+    assert seen == {"view": (128, 1), "copy": (128, 1), "again": (128, 1), "hbm": (128,),
+                    "3d": (128, 2)}
     assert np.allclose(out[:, 0], np.maximum(a[:, 0], a[:, 2]) + 1)
 
 

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from nkisim import NKIWarning, nki
-from nkisim.errors import NKIRuleWarning
 from nkisim import isa as nisa
 from nkisim import language as nl
 from nkisim.context import ALL_CHECKS, parse_checks
+from nkisim.errors import NKIRuleWarning
 from nkisim.runtime import simulate
 
 RNG = np.random.default_rng(5)

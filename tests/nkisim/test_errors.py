@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from nkisim import NKISyntaxError, NKIWarning, nki
-from nkisim.errors import NKIRuleWarning
 from nkisim import compiler as ncc
 from nkisim import isa as nisa
 from nkisim import language as nl
 from nkisim import typing as nt
+from nkisim.errors import NKIRuleWarning
 
 DOCS = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/nki/api/nki.errors.html"
 
@@ -449,8 +449,7 @@ def test_block_dimension_is_deprecated_warning():
      "src", "dma_copy", "hbm|sbuf", "psum"),
     (lambda a: nisa.nc_matmul(nl.load(a), a), "moving", "nc_matmul", "sbuf", "hbm"),
     (lambda a: nisa.nc_matmul(a, nl.load(a)), "stationary", "nc_matmul", "sbuf", "hbm"),
-    (lambda a: nl.matmul(nl.load(a), nisa.nc_transpose(nl.load(a), engine=nisa.tensor_engine),
-                         transpose_x=True), "y", "matmul", "sbuf", "psum"),
+    (lambda a: nl.matmul(nl.load(a), a, transpose_x=True), "y", "matmul", "sbuf", "hbm"),
     (lambda a: nisa.tensor_copy(nisa.nc_transpose(nl.load(a), engine=nisa.tensor_engine),
                                 engine=nisa.gpsimd_engine),
      "src", "tensor_copy (gpsimd)", "sbuf", "psum"),
@@ -479,6 +478,16 @@ def test_psum_stationary_is_a_tolerated_rule():
     with pytest.warns(NKIRuleWarning, match="must be SBUF tiles"):
         out = run(body, a)
     assert np.allclose(out, a @ a, rtol=1e-5)
+
+    def nl_matmul(a):        # AWS's tutorials/attention_fwd_performance v1
+        out = nl.ndarray((16, 16), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.load(a)
+        nl.store(out, nl.matmul(t, nl.transpose(t), transpose_x=False))
+        return out
+
+    with pytest.warns(NKIRuleWarning, match="must be SBUF tiles"):
+        out = run(nl_matmul, a)
+    assert np.allclose(out, a @ a.T, rtol=1e-5)
     with pytest.MonkeyPatch.context() as mp, pytest.raises(ValueError) as ei:
         mp.setenv("NKISIM_STRICT", "1")
         run(body, a)
