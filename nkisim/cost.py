@@ -65,8 +65,19 @@ Compute details: NC-v2 adds the trn1 arch guide's static tensor-access overhead 
 ref §3.4) to every VectorE/ScalarE/GpSimdE instruction past MIN_II (``access_overhead_cycles``;
 no NC-v3 figure, so 0 on trn2). fp32 matmuls cost 4x bf16 on both targets (ref §1.10, §3.3:
 92 / 23 TFLOPS trn1, 79 / 20 trn2); the trn1 solution's fp32 rows agree (-0% / -2%). The trn2
-solution's fp32 rows are 21% above the model (3832 measured, 3030 modeled with the PE 98%
-busy); nothing documented explains it, and no factor is fitted to those two rows. MFU is
+solution's fp32 rows are 21% above the model (3832 measured, 3042 modeled with the PE 98%
+busy); nothing documented explains it, and no factor is fitted to those two rows. The 4 passes
+are documented (nc_matmul's ``is_stationary_onezero`` / ``is_moving_onezero``: "2x better
+performance" for a float32 operand of ones and zeros, i.e. each fp32 operand costs 2 passes).
+Checked against that kernel and excluded (its 7,992 fp32 matmuls of N=222 would need ~1,145 PE
+cycles each at 3832 us, against 888 for 4 passes and 243 measured for fp16): its 36 fp32 PE
+transposes at 4x instead of 2x (+4 us); doubled DMA bytes (305 MB of input rows: the fp16 run
+moves half of them with half-size descriptors at >= 186 GB/s, so fp32 needs <= 1.7 ms of DMA);
+fp32 PSUM evacuations (444 copies of 222 elements, ~0.1 ms on VectorE even if serialized);
+the NC-v3 fp32 rate (documented 20 vs 79 TFLOPS, 4x). The course's optimized reference kernel
+(thresholds 4596 / 1002 us, cs149 §2, are 120% of its latency by the course README) has the
+same fp32/fp16 ratio (4.59) on trn2, so the excess looks general to NC-v3 fp32 matmuls rather
+than this kernel's; without a documented mechanism it stays unmodeled. MFU is
 neuron-profile's ``mfu_estimated_percent`` (model FLOPs / (2 x 128 x 128 x PE clock x
 total_time), ref §3.6): seed 000's fp16 90% is that formula at the measured 824 us (89.7%);
 its fp32 "41%" matches no documented weighting (x1: 19.3%, adjusted x4: 77%) and is reported,
