@@ -65,8 +65,19 @@ Compute details: NC-v2 adds the trn1 arch guide's static tensor-access overhead 
 ref §3.4) to every VectorE/ScalarE/GpSimdE instruction past MIN_II (``access_overhead_cycles``;
 no NC-v3 figure, so 0 on trn2). fp32 matmuls cost 4x bf16 on both targets (ref §1.10, §3.3:
 92 / 23 TFLOPS trn1, 79 / 20 trn2); the trn1 solution's fp32 rows agree (-0% / -2%). The trn2
-solution's fp32 rows are 21% above the model (3832 measured, 3030 modeled with the PE 98%
-busy); nothing documented explains it, and no factor is fitted to those two rows. MFU is
+solution's fp32 rows are 21% above the model (3832 measured, 3042 modeled with the PE 98%
+busy); nothing documented explains it, and no factor is fitted to those two rows. The 4 passes
+are documented (nc_matmul's ``is_stationary_onezero`` / ``is_moving_onezero``: "2x better
+performance" for a float32 operand of ones and zeros, i.e. each fp32 operand costs 2 passes).
+Checked against that kernel and excluded (its 7,992 fp32 matmuls of N=222 would need ~1,145 PE
+cycles each at 3832 us, against 888 for 4 passes and 243 measured for fp16): its 36 fp32 PE
+transposes at 4x instead of 2x (+4 us); doubled DMA bytes (305 MB of input rows: the fp16 run
+moves half of them with half-size descriptors at >= 186 GB/s, so fp32 needs <= 1.7 ms of DMA);
+fp32 PSUM evacuations (444 copies of 222 elements, ~0.1 ms on VectorE even if serialized);
+the NC-v3 fp32 rate (documented 20 vs 79 TFLOPS, 4x). The course's optimized reference kernel
+(thresholds 4596 / 1002 us, cs149 §2, are 120% of its latency by the course README) has the
+same fp32/fp16 ratio (4.59) on trn2, so the excess looks general to NC-v3 fp32 matmuls rather
+than this kernel's; without a documented mechanism it stays unmodeled. MFU is
 neuron-profile's ``mfu_estimated_percent`` (model FLOPs / (2 x 128 x 128 x PE clock x
 total_time), ref §3.6): seed 000's fp16 90% is that formula at the measured 824 us (89.7%);
 its fp32 "41%" matches no documented weighting (x1: 19.3%, adjusted x4: 77%) and is reported,
@@ -114,6 +125,7 @@ import bisect
 import functools
 from dataclasses import dataclass, field, replace
 
+from . import dtypes
 from .arch import TARGETS, Arch, get_arch
 from .trace import DMA, GPSIMD, SCALAR, TENSOR, VECTOR, Instr
 
@@ -179,9 +191,17 @@ class CostParams:
     # The per-descriptor overhead is fitted to the chart's points from this size up, where the
     # chart is bandwidth-bound ("≥4 KiB saturates", §3.5); see descriptor_overhead_bytes().
     dma_overhead_fit_min_bytes: float = 4096.0
-    # dma_transpose: "HBM->SBUF up to 90%, SBUF->SBUF up to 50% of DMA throughput" (§3.5).
+    # dma_transpose: "HBM->SBUF up to 90%, SBUF->SBUF up to 50% of DMA throughput" (§3.5),
+    # "given hardware-friendly tensor access patterns" (trn2 arch guide): the hardware-DGE
+    # transpose, which takes 2-byte dtypes only (see dma_plan).
     dma_transpose_hbm_factor: float = 0.9
     dma_transpose_sbuf_factor: float = 0.5
+    # The DMA transpose's unit: "these 16x DMA engines should write into a single
+    # [nl.par_dim(128), 16] SBUF tile in parallel at a time, where the 16 elements along free
+    # dimension must be contiguous" (trn2 arch guide, "DMA Transpose"). A transpose the
+    # hardware DGE cannot take (4-byte dtypes; every dtype on NC-v2, which has no DGE) is
+    # costed as one descriptor per partition per 16-element group (see dma_plan).
+    dma_transpose_block_elems: int = 16
     # "Initiating a tensor access costs a static overhead approximately 60 cycles on
     # NeuronCore-v2" (trn1 arch guide, ref §3.4): added to every VectorE/ScalarE/GpSimdE
     # instruction past MIN_II (which already covers it for small tiles). No NC-v3 figure.
@@ -388,6 +408,13 @@ def _row_ns(params: CostParams, row_bytes: float, hbm_sides: int, factor: float,
     return v
 
 
+def _itemsize(dtype: str) -> int:
+    try:
+        return dtypes.itemsize(dtype)
+    except (TypeError, ValueError, KeyError):
+        return 4
+
+
 def _hbm_contiguous(instr: Instr, nbytes: float) -> bool:
     """Is every HBM side of the DMA one contiguous byte range? (An HBM region is the bounding
     range of the access, so it is contiguous exactly when it spans the bytes moved. A casting DMA
@@ -438,18 +465,36 @@ def dma_plan(instr: Instr, params: CostParams) -> DmaPlan:
     hbm_sides = (src == "hbm") + (dst == "hbm")
     factor = 1.0
     runs_per_row = 1.0
-    if "transpose" in instr.op or d.get("transpose"):
-        # A DMA transpose (load_transpose2d, dma_transpose) runs on the DMA engines' transpose
-        # support at "up to 90%" (HBM->SBUF) / "50%" (SBUF->SBUF) of DMA throughput (ref §3.5);
-        # it is costed as one descriptor per SBUF partition at that rate, not element by element.
-        factor = params.dma_transpose_hbm_factor if hbm_sides else params.dma_transpose_sbuf_factor
+    transpose = "transpose" in instr.op or bool(d.get("transpose"))
+    hwdge = params.dge
+    if transpose:
         rows = max(1, instr.partitions)
-        row_bytes = nbytes / rows
+        item = _itemsize(instr.dtype)
+        if item == 2 and params.arch.nc_version >= 3:
+            # The hardware-DGE transpose ("src.dtype must be 2 bytes", nki-dge.rst "Hardware
+            # DGE constraints for dma_transpose"): "up to 90%" (HBM->SBUF) / "50%" (SBUF->SBUF)
+            # of DMA throughput (ref §3.5), one descriptor per SBUF partition at that rate.
+            factor = (params.dma_transpose_hbm_factor if hbm_sides
+                      else params.dma_transpose_sbuf_factor)
+            row_bytes = nbytes / rows
+        else:
+            # No hardware-DGE transpose for this dtype: precomputed descriptors (the
+            # descriptor path even where the kernel's other DMAs use the DGE), and the DMA
+            # engines build the documented [128, 16] blocks, each partition's 16 contiguous
+            # elements one write: one descriptor (with its overhead) per partition per group.
+            # Check: a 4096x4096 fp32 transpose by load_transpose2d, 836 us on trn2 (cs149
+            # §5), models to ~850 us; at the 90% rate it modeled to 436 us. The perf guide
+            # (Opt #10): load_transpose2d "can degrade DMA bandwidth significantly".
+            hwdge = False
+            groups = -(-max(1, instr.free) // params.dma_transpose_block_elems)
+            rows = rows * groups
+            row_bytes = nbytes / rows
     queues = min(params.dma_queues, rows)
-    if hbm_sides and factor == 1.0 and rows > queues and _hbm_contiguous(instr, nbytes):
+    if (hbm_sides and factor == 1.0 and not transpose and rows > queues
+            and _hbm_contiguous(instr, nbytes)):
         runs_per_row = queues / rows            # one contiguous HBM run per queue
     row_ns = _row_ns(params, row_bytes, hbm_sides, factor, runs_per_row)
-    if params.dge:
+    if hwdge:
         issue, fixed = params.dge_issue_ns + params.dge_descriptor_ns * rows, 0.0
     else:
         issue, fixed = 0.0, params.dma_fixed_ns

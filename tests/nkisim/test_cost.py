@@ -383,15 +383,42 @@ def test_dma_plan_falls_back_on_regions():
     assert plan.hbm_sides == 1
 
 
+def _as16(ins):
+    """The same DMA with a 2-byte dtype (the hardware-DGE transpose's dtype)."""
+    from dataclasses import replace
+    return replace(ins, dtype="bfloat16", free=ins.free * 2)
+
+
 def test_dma_transpose_is_slower():
+    # 2-byte dtypes on NC-v3: the hardware-DGE transpose at "up to 90%" (HBM->SBUF) / "50%"
+    # (SBUF->SBUF) of DMA throughput (trn2 arch guide), one descriptor per partition
     plain = dma_plan(dma(128, 2048), P2).row_ns
-    assert dma_plan(dma(128, 2048, transpose=True), P2).row_ns == pytest.approx(plain / 0.9)
+    assert dma_plan(_as16(dma(128, 2048, transpose=True)), P2).row_ns == pytest.approx(
+        plain / 0.9)
     # element-wise descriptors (as load_transpose2d records them) are costed per partition
-    elem = dma_plan(dma(128 * 512, 4, p=128, transpose=True), P2)
+    elem = dma_plan(_as16(dma(128 * 512, 4, p=128, transpose=True)), P2)
     assert elem.rows == 128 and elem.row_bytes == 2048
     assert elem.row_ns == pytest.approx(plain / 0.9)
-    sb_sb = dma_plan(dma(128, 2048, src="sbuf", dst="sbuf", transpose=True), P2)
+    assert elem.issue_ns > 0                               # issued by the DGE
+    sb_sb = dma_plan(_as16(dma(128, 2048, src="sbuf", dst="sbuf", transpose=True)), P2)
     assert sb_sb.row_ns == pytest.approx((2048 + descriptor_overhead_bytes(P2)) / 23.0 / 0.5)
+
+
+def test_dma_transpose_of_4_byte_dtypes_by_blocks():
+    # No hardware-DGE transpose for 4-byte dtypes (nki-dge.rst: "src.dtype must be 2 bytes"):
+    # precomputed descriptors, one per partition per documented 16-element group of the
+    # [128, 16] blocks the 16 DMA engines write together (trn2 arch guide, "DMA Transpose")
+    d = descriptor_overhead_bytes(P2)
+    tr = dma_plan(dma(128, 2048, transpose=True), P2)       # (128, 512) fp32
+    assert tr.rows == 128 * 32 and tr.row_bytes == 64
+    assert tr.row_ns == pytest.approx((64 + d) / P2.queue_bytes_per_ns(1))
+    assert tr.issue_ns == 0 and tr.fixed_ns == P2.dma_fixed_ns
+    # per byte: (64 + d) / 64 of a plain DMA's time, about 3.5x (the perf guide: DMA transposes
+    # "can degrade DMA bandwidth significantly"); a partial last group is one descriptor too
+    assert tr.occupancy_ns > 3 * dma_plan(dma(128, 2048), P2).occupancy_ns
+    assert dma_plan(dma(128, 2040, transpose=True), P2).rows == 128 * 32
+    # NC-v2 has no DGE: every dtype goes by blocks
+    assert dma_plan(_as16(dma(128, 2048, transpose=True)), P1).row_bytes == 32
 
 
 def test_launch_overhead_and_fixed_latency_constants():
