@@ -320,10 +320,10 @@ NKI_FIXTURES = ("nki_verify", "nki_backend", "nki_check", "nki_report", "nki_tar
 
 def _let_given_tests_use_nki_fixtures(items) -> None:
     """A ``@given`` test that requests nki fixtures (the README recipe) would fail hypothesis's
-    function-scoped-fixture health check (and its deadline); those fixtures hold no per-example state (a backend,
-    a recorder that replaces a replayed case's record), so that check is suppressed for exactly
-    those tests (when every function-scoped fixture they request is ours), whatever the
-    project's hypothesis profile."""
+    function-scoped-fixture health check (and its deadline); those fixtures hold no per-example
+    state (a backend, a recorder that replaces a replayed case's record), so that check is
+    suppressed for exactly those tests (when every function-scoped fixture they request is
+    ours), whatever the project's hypothesis profile."""
     if settings is None:
         return
     for item in items:
