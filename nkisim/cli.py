@@ -5,7 +5,8 @@
     nkisim info                      targets, the shim's state, the enabled checks
 
 Options for ``run``: ``--target trn1|trn2`` (sets NKISIM_TARGET), ``--checks SPEC`` (sets
-NKISIM_CHECKS, e.g. ``-races``), ``--force`` (serve nkisim even if a real neuronx-cc exists).
+NKISIM_CHECKS, e.g. ``-races``), ``--strict`` (sets NKISIM_STRICT=1: documented NKI rules the
+device tolerates are errors, not warnings), ``--force`` (serve nkisim even if a real neuronx-cc exists).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def _run(args) -> int:
         os.environ["NKISIM_TARGET"] = args.target
     if args.checks is not None:
         os.environ["NKISIM_CHECKS"] = args.checks
+    if args.strict:
+        os.environ["NKISIM_STRICT"] = "1"
     from . import shim
     if not shim.install(force=args.force or None):
         print("nkisim: a real neuronx-cc is installed; running with it (use --force to "
@@ -77,6 +80,8 @@ def _info(args) -> int:
     print(f"real neuronx-cc importable: {shim.real_neuronxcc_available()}")
     checks = parse_checks(os.environ.get("NKISIM_CHECKS"))
     print(f"checks: {', '.join(c for c in ALL_CHECKS if c in checks) or 'none'}")
+    from .context import strict_from_env
+    print(f"strict mode (NKISIM_STRICT): {'on' if strict_from_env() else 'off'}")
     return 0
 
 
@@ -92,6 +97,8 @@ def main(argv=None) -> int:
     r = sub.add_parser("run", help="run an unmodified NKI script on nkisim")
     r.add_argument("--target", choices=["trn1", "trn2"], help="simulated target (default trn2)")
     r.add_argument("--checks", help="checks to run: all, none, a list, or -name to drop one")
+    r.add_argument("--strict", action="store_true",
+                   help="documented NKI rules the device tolerates are errors (NKISIM_STRICT=1)")
     r.add_argument("--force", action="store_true", help="use nkisim even if neuronx-cc exists")
     r.add_argument("script")
     r.add_argument("args", nargs=argparse.REMAINDER)

@@ -67,16 +67,55 @@ class allocation_scope:
         return False
 
 
+class FuncAlloc(DirectAlloc):
+    """``ncc.sbuf.alloc(func)`` / ``ncc.psum.alloc(func)``: ``func(idx, pdim_size, fdim_size)``
+    places each logical block: ``(start_partition, byte_addr)`` in SBUF, ``(bank,
+    start_partition, byte_addr)`` in PSUM (aws-neuron-sdk 1db4d74e nki/api/nki/compiler/sbuf.py
+    and psum.py ``alloc``; nki/test/test_sbuf_modulo_alloc.py / test_psum_modulo_alloc.py define
+    ``mod_alloc`` as such a function). ``fdim_size`` is in bytes per partition."""
+
+    __slots__ = ("func",)
+
+    def __init__(self, kind, func):
+        super().__init__(kind)
+        self.name = f"{kind}.alloc"
+        self.func = func
+
+    def place(self, idx, pdim_size, fdim_size, arch):
+        res = self.func(tuple(int(i) for i in idx), int(pdim_size), int(fdim_size))
+        try:
+            res = tuple(int(r) for r in res)
+        except TypeError:
+            res = ()
+        want = 2 if self.kind == "sbuf" else 3
+        if len(res) != want:
+            raise nki_error("nkisim_invalid_argument", api=f"ncc.{self.kind}.alloc",
+                            why=f"the allocation function must return {want} ints "
+                                f"({'start_partition, byte_addr' if want == 2 else 'bank, start_partition, byte_addr'}), "
+                                f"got {res!r}")
+        if self.kind == "sbuf":
+            return res
+        bank, part, addr = res
+        return part, bank * arch.psum_bank_bytes + addr
+
+
 def _allocator(kind):
     base = _sbuf if kind == "sbuf" else _psum
 
     def mod_alloc(*, base_addr=0, base_partition=0, num_par_tiles=(), num_free_tiles=(),
-                  **kwargs):
+                  base_bank=0, num_bank_tiles=(), **kwargs):
+        # PSUM: `base_bank` selects the 2 KiB bank the tiles start in (psum.mod_alloc docs;
+        # AWS nki/test/test_sbuf_modulo_alloc.py uses ncc.psum.mod_alloc(base_bank=0))
+        if kind == "psum" and int(base_bank):
+            from .arch import get_arch
+            base_addr = int(base_addr) + int(base_bank) * get_arch().psum_bank_bytes
         return DirectAlloc(kind, base_addr, base_partition, num_par_tiles, num_free_tiles)
 
     def alloc(func):
-        raise nki_error("nkisim_unsupported", what=f"ncc.{kind}.alloc with a custom allocation "
-                        "function", why="use ncc.sbuf.mod_alloc")
+        if not callable(func):
+            raise nki_error("nkisim_invalid_argument", api=f"ncc.{kind}.alloc",
+                            why="expects a function (idx, pdim_size, fdim_size) -> placement")
+        return FuncAlloc(kind, func)
 
     def auto_alloc():
         return base

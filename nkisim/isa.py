@@ -19,6 +19,7 @@ from .errors import nki_error, shape_str
 from .indexing import IndexExpr, MaskExpr
 from .language import (
     _detail,
+    _partitions,
     _mask,
     _tile,
     _tile_shape,
@@ -30,7 +31,7 @@ from .language import (
     result_tile,
 )
 from .tensor import Tensor, fit, read, region
-from .trace import GPSIMD, SCALAR, TENSOR, VECTOR
+from .trace import DMA, GPSIMD, SCALAR, TENSOR, VECTOR
 
 # ---------------------------------------------------------------------------------------------
 # enums (ref §1.10)
@@ -192,6 +193,18 @@ def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=oob_mode.error,
         raise nki_error("nkisim_shape_mismatch", params=f"dst{shape_str(dst.shape)}, "
                         f"src{shape_str(src.shape)}", api="dma_copy",
                         why=f"element counts differ ({dst.size} vs {src.size})")
+    if oob_mode == globals()["oob_mode"].skip:
+        # out-of-bound rows of an indirect access are not moved (dma_copy docs, oob_mode;
+        # aws-neuron-sdk nki/test/test_nki_isa_dma_copy.py *_oob_skip)
+        keep = np.ones(dst.shape, bool)
+        for t in (src, dst):
+            if t._oob is not None and "indirect" in t._oob[1]:
+                keep &= ~np.asarray(t._oob[0]).reshape(dst.shape)
+                t._oob = None
+        m = _mask(mask, dst.shape)
+        mask = None
+        if not keep.all() or m is not None:
+            mask = nl.MaskExpr(keep if m is None else keep & m)
     vals = read(src, "dma_copy", run).reshape(dst.shape)
     acc = None
     if dst_rmw_op is not None:
@@ -208,8 +221,11 @@ def tensor_copy(src, *, mask=None, dtype=None, engine=engine.unknown, **kwargs):
         raise nki_error("err_unsupported_memory", param="src", api="tensor_copy (gpsimd)",
                         expected="sbuf", got="psum")
     vals = read(x, "tensor_copy", run)
+    d = _detail(x)
+    if engine is None or engine == globals()["engine"].unknown:
+        d["auto_engine"] = True        # the compiler picks the engine (nkisim.cost)
     return result_tile(run, x.shape, dtype or x.dtype, vals, "tensor_copy", eng, (x,),
-                       _detail(x), mask=_mask(mask, x.shape))
+                       d, mask=_mask(mask, x.shape))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -272,6 +288,7 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unkn
     vb = read(b, api, run).reshape(_tile_shape(b))
     if not bitvec:
         va, vb = dtypes.to_f32(va), dtypes.to_f32(vb)
+    va, vb = nl.partition_vectors(va, vb)
     sa, sb = va.shape, vb.shape
     if math.prod(sa) == math.prod(sb) and sa != sb:
         vb = vb.reshape(sa)                       # same elements per partition, other shape
@@ -285,7 +302,7 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unkn
     detail = _detail(a, b)
     detail["alu"] = name
     return result_tile(run, out.shape, dtype or dtypes.promote(a.dtype, b.dtype), out, api,
-                       eng, (a, b), detail, mask=_mask(mask, out.shape))
+                       eng, (a, b), detail, mask=_mask(mask, out.shape), fresh=True)
 
 
 def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False,
@@ -516,17 +533,45 @@ _MATMUL_DTYPES = {np.dtype(np.float32), np.dtype(np.float16), dtypes.bfloat16,
                   dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.TF32}
 
 
+_DOUBLE_ROW = ("double_row", "double_row_gen3")
+
+
+def _psum_operand(run, t, api, param):
+    """A PSUM tile as a Tensor Engine input. The docs: "The nc_matmul instruction *must* read
+    inputs from SBUF ... the stationary and moving must be SBUF tiles" (nki.isa.nc_matmul); yet
+    AWS's reference/attention.py (flash_attn_bwd, which passes AWS's CI) feeds an nc_transpose
+    result (PSUM) as the stationary: the compiler copies it to SBUF first. A tolerated rule;
+    nkisim records the copy."""
+    run.rule(("psum_matmul_operand", t.root.id),
+             f"{param} operand `{t.name}` of '{api}' is in PSUM (the compiler copies it to SBUF)",
+             "The nc_matmul instruction *must* read inputs from SBUF and write outputs to PSUM. "
+             "Therefore, the stationary and moving must be SBUF tiles",
+             "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/nki/api/"
+             "generated/nki.isa.nc_matmul.html")
+    run.record("tensor_copy", VECTOR, (region(t),), (), dtypes.name(t.dtype), _partitions(t),
+               max(1, t.size // max(1, t.shape[0])), _detail(t))
+
+
 def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onezero=False,
-              is_transpose=False, tile_position=(), tile_size=(), mask=None, **kwargs):
-    """``stationary.T @ moving`` on the Tensor Engine; fp32 result in a PSUM tile."""
+              is_transpose=False, tile_position=(), tile_size=(), mask=None, perf_mode=None,
+              **kwargs):
+    """``stationary.T @ moving`` on the Tensor Engine; fp32 result in a PSUM tile.
+
+    ``perf_mode='double_row_gen3'`` (trn2 fp8 double-row): stationary [K, 2, M] and moving
+    [K, 2, N], contracting over (K, 2): AWS's SDK test test_nki_isa_nc_matmul.py::
+    test_double_row_gen3 checks ``einsum("kli,klj->ij")`` (ref §1.10)."""
     run = context.current()
     api = "nc_matmul"
     for p, t in (("stationary", stationary), ("moving", moving)):
-        if isinstance(t, Tensor) and t.root.buffer != "sbuf":      # inputs must be SBUF
+        if isinstance(t, Tensor) and t.root.buffer == "psum":
+            _psum_operand(run, t, api, p)
+        elif isinstance(t, Tensor) and t.root.buffer != "sbuf":      # inputs must be SBUF
             raise nki_error("err_unsupported_memory", param=p, api=api, expected="sbuf",
                             got=t.root.buffer)
     st = _tile(stationary, api, "stationary")
     mv = _tile(moving, api, "moving")
+    if perf_mode is not None and str(getattr(perf_mode, "name", perf_mode)) != "none":
+        return _double_row(run, st, mv, str(getattr(perf_mode, "name", perf_mode)), mask)
     for p, t in (("stationary", st), ("moving", mv)):
         if t.dtype not in _MATMUL_DTYPES:
             raise nki_error("nkisim_operand_dtype", param=p, api=api,
@@ -559,7 +604,35 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
               "fp32": fp32, "flops": 0 if is_transpose else 2 * K * M * N,
               "dtype_in": dtypes.name(st.dtype)}
     return result_tile(run, (M,) + ms[1:], np.float32, out, api, TENSOR, (st, mv), detail,
-                       buffer=nl.psum, mask=_mask(mask, (M,) + ms[1:]))
+                       buffer=nl.psum, mask=_mask(mask, (M,) + ms[1:]), fresh=True)
+
+
+def _double_row(run, st, mv, mode, mask):
+    api = "nc_matmul"
+    if mode not in _DOUBLE_ROW:
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"perf_mode must be one of {', '.join(_DOUBLE_ROW)}, got {mode!r}")
+    ss, ms = st.shape, mv.shape
+    if len(ss) != 3 or len(ms) != 3 or ss[1] != 2 or ms[1] != 2 or ss[0] != ms[0]:
+        raise nki_error("nkisim_shape_mismatch", params=f"stationary{shape_str(ss)}, "
+                        f"moving{shape_str(ms)}", api=api,
+                        why=f"perf_mode={mode!r} needs stationary [K, 2, M] and moving "
+                            "[K, 2, N] with the same K")
+    K, M, N = ss[0], ss[2], ms[2]
+    if K > run.arch.pmax or M > run.arch.gemm_stationary_fmax:
+        raise nki_error("nkisim_matmul_stationary_limit", name=st.name, shape=shape_str(ss),
+                        api=api, limit=run.arch.gemm_stationary_fmax)
+    if N > run.arch.gemm_moving_fmax:
+        raise nki_error("nkisim_matmul_moving_limit", name=mv.name, shape=shape_str(ms),
+                        api=api, free=N, limit=run.arch.gemm_moving_fmax)
+    a = _tile_vals(st, api, run).reshape(K * 2, M)
+    b = _tile_vals(mv, api, run).reshape(K * 2, N)
+    detail = {"K": K, "M": M, "N": N, "accumulate": False, "transpose": False,
+              "fp32": st.dtype.itemsize == 4 or mv.dtype.itemsize == 4,
+              "flops": 2 * 2 * K * M * N, "dtype_in": dtypes.name(st.dtype),
+              "perf_mode": mode}
+    return result_tile(run, (M, N), np.float32, a.T @ b, api, TENSOR, (st, mv), detail,
+                       buffer=nl.psum, mask=_mask(mask, (M, N)))
 
 
 def nc_transpose(data, *, mask=None, dtype=None, engine=engine.unknown, **kwargs):
@@ -602,19 +675,654 @@ def _unsupported(name):
     return fn
 
 
-dma_transpose = _unsupported("dma_transpose")
-bn_stats = _unsupported("bn_stats")
-bn_aggr = _unsupported("bn_aggr")
-local_gather = _unsupported("local_gather")
-dropout = _unsupported("dropout")
-max8 = _unsupported("max8")
-nc_find_index8 = _unsupported("nc_find_index8")
-nc_match_replace8 = _unsupported("nc_match_replace8")
-nc_stream_shuffle = _unsupported("nc_stream_shuffle")
-select_reduce = _unsupported("select_reduce")
-range_select = _unsupported("range_select")
-tensor_copy_predicated = _unsupported("tensor_copy_predicated")
-tensor_copy_dynamic_src = _unsupported("tensor_copy_dynamic_src")
-tensor_copy_dynamic_dst = _unsupported("tensor_copy_dynamic_dst")
-tensor_scalar_reduce = _unsupported("tensor_scalar_reduce")
-tensor_partition_reduce = _unsupported("tensor_partition_reduce")
+def tensor_copy_dynamic_src(src, *, mask=None, dtype=None, engine=engine.unknown, **kwargs):
+    """Copy ``src``, an SBUF/PSUM tile indexed at an offset read from SBUF at run time, into a
+    new SBUF tile (docs; AWS nki/test/test_nki_isa_tensor_copy_dynamic.py indexes it with
+    ``offsets_sbuf[0, idx]`` / ``offsets_sbuf[0, idx] + iy``)."""
+    run = context.current()
+    api = "tensor_copy_dynamic_src"
+    x = _tile(src, api, "src")
+    eng = _engine(engine, VECTOR, api)
+    return result_tile(run, x.shape, dtype or x.dtype, read(x, api, run), api, eng, (x,),
+                       _detail(x), mask=_mask(mask, x.shape))
+
+
+def tensor_copy_dynamic_dst(*, dst, src, mask=None, dtype=None, engine=engine.unknown,
+                            **kwargs):
+    """Copy ``src`` into ``dst``, a tile indexed at an offset read from SBUF at run time
+    (docs); same partitions and elements per partition."""
+    run = context.current()
+    api = "tensor_copy_dynamic_dst"
+    d = _tile(dst, api, "dst")
+    x = _tile(src, api, "src")
+    if d.shape[0] != x.shape[0] or d.size != x.size:
+        raise nki_error("nkisim_shape_mismatch", params=f"dst{shape_str(d.shape)}, "
+                        f"src{shape_str(x.shape)}", api=api,
+                        why="src and dst must have the same partitions and elements per "
+                            "partition")
+    _write_dst(run, d, read(x, api, run).reshape(d.shape), api, mask=_mask(mask, d.shape))
+    run.record(api, _engine(engine, VECTOR, api), (region(x),), (region(d),),
+               dtypes.name(d.dtype), d.shape[0], max(1, d.size // d.shape[0]), _detail(x))
+
+
+# ---------------------------------------------------------------------------------------------
+# More ISA ops (issue 8). Semantics from aws-neuron-sdk @ 1db4d74e nki/api/nki/isa/__init__.py
+# (the op's docstring, quoted where it decides a choice) and the doc tests nki/test/test_nki_isa_*
+# that compare them against NumPy. Each records one instruction like the ops above.
+
+def _src_mask(mask, shape):
+    """The elements of an input of ``shape`` an instruction mask keeps (None: all)."""
+    return None if mask is None else np.asarray(_mask(mask, shape))
+
+
+def _rows(mask_arr, P):
+    """Partitions a mask over an input touches: a (P, 1) bool array, or None."""
+    if mask_arr is None:
+        return None
+    return mask_arr.reshape(P, -1).any(axis=1).reshape(P, 1)
+
+
+def _dst_tile(t, api, param):
+    x = _tile(t, api, param)
+    return x
+
+
+def _write_dst(run, dst, vals, api, mask=None, accumulate=False):
+    from .tensor import write
+    write(dst, fit(vals, dst.shape), api, run=run, mask=mask, accumulate=accumulate)
+
+
+# --- the Vector Engine accumulator registers (select_reduce / range_select reduce_cmd) -------
+
+_RESET = {"max": -np.inf, "maximum": -np.inf, "min": np.inf, "minimum": np.inf, "add": 0.0,
+          "multiply": 1.0}
+
+
+def _accumulate(run, api, cmd, rname, current):
+    """Apply ``reduce_cmd`` to VectorE's per-partition accumulators (select_reduce docs,
+    "Accumulator behavior": reset_reduce resets then accumulates, reduce keeps accumulating,
+    idle performs no accumulation; the registers are shared with range_select). ``current`` is
+    this instruction's (P, 1) reduction. Returns the accumulator value after the instruction."""
+    regs = run.vector_acc
+    P = current.shape[0]
+    cmd = reduce_cmd(int(cmd))
+    prev = regs.get(P)
+    if cmd in (reduce_cmd.reset, reduce_cmd.reset_reduce) or prev is None:
+        prev = np.full((P, 1), _RESET.get(rname, 0.0), np.float32)
+    if cmd in (reduce_cmd.reduce, reduce_cmd.reset_reduce):
+        acc = apply_binary(rname if rname not in ("max", "min") else rname + "imum", prev,
+                           current)
+    elif cmd == reduce_cmd.reset:
+        acc = prev
+    else:                                # idle: this instruction's own reduction
+        acc = current
+    regs[P] = np.asarray(acc, np.float32)
+    return regs[P]
+
+
+def _write_reduce_res(run, reduce_res, acc, api, instr):
+    if reduce_res is None:
+        return
+    r = _tile(reduce_res, api, "reduce_res")
+    if r.shape[0] != acc.shape[0] or math.prod(_tile_shape(r)[1:]) != 1:
+        raise nki_error("nkisim_shape_mismatch", params=f"reduce_res{shape_str(r.shape)}",
+                        api=api, why=f"reduce_res must be a ({acc.shape[0]}, 1) tile")
+    _write_dst(run, r, acc, api)
+    instr.writes = instr.writes + (region(r),)
+    instr.detail["reduce"] = True
+
+
+def _reduce_name(op, api, allowed):
+    name = _alu_name(op, api)
+    name = {"maximum": "max", "minimum": "min"}.get(name, name)
+    if name not in allowed:
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"reduce_op {name} is not supported; use one of "
+                            f"{', '.join(sorted(allowed))}")
+    return name
+
+
+# --- max8 / nc_find_index8 / nc_match_replace8 ---------------------------------------------
+
+def max8(*, src, mask=None, dtype=None, **kwargs):
+    """The 8 largest values of each partition, descending, as a (P, 8) tile (docs: "converts
+    them to fp32 internally"; 8 to 16,384 elements per partition). Only the elements ``mask``
+    keeps are considered; partitions it excludes are not written."""
+    run = context.current()
+    api = "max8"
+    x = _tile(src, api, "src")
+    P = x.shape[0]
+    v = _tile_vals(x, api, run).reshape(P, -1)
+    m = _src_mask(mask, _tile_shape(x))
+    n = v.shape[1] if m is None else int(m.reshape(P, -1).sum(axis=1).max(initial=0))
+    if not 8 <= v.shape[1] <= 16384 or (m is not None and n < 8):
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"src must have 8 to 16,384 elements per partition, got "
+                            f"{v.shape[1] if m is None else n}")
+    if m is not None:
+        v = np.where(m.reshape(P, -1), v, -np.inf)
+    top = -np.sort(-v, axis=1)[:, :8]
+    rows = _rows(m, P)
+    detail = _detail(x)
+    detail["in_free"] = v.shape[1]
+    return result_tile(run, (P, 8), dtype or x.dtype, top, api, VECTOR, (x,), detail,
+                       mask=None if rows is None else np.broadcast_to(rows, (P, 8)))
+
+
+def _first_indices(d, vals):
+    """Per partition, the index of the first occurrence of each of ``vals`` in ``d`` (-1 when
+    absent), in the order of ``vals``; without replacing."""
+    out = np.full(vals.shape, -1, np.int64)
+    for j in range(vals.shape[1]):
+        hit = d == vals[:, j:j + 1]
+        found = hit.any(axis=1)
+        out[:, j] = np.where(found, hit.argmax(axis=1), -1)
+    return out
+
+
+def nc_find_index8(*, data, vals, mask=None, dtype=None, **kwargs):
+    """Index (from 0, free dims flattened) of the first occurrence of each of the 8 ``vals`` in
+    each partition of ``data``; uint32 by default (docs). A value absent from ``data`` is
+    "undefined" behaviour: nkisim returns the all-ones index so a use of it shows."""
+    run = context.current()
+    api = "nc_find_index8"
+    d = _tile(data, api, "data")
+    vt = _tile(vals, api, "vals")
+    P = d.shape[0]
+    if vt.shape[0] != P or math.prod(_tile_shape(vt)[1:]) != 8:
+        raise nki_error("nkisim_shape_mismatch", params=f"data{shape_str(d.shape)}, "
+                        f"vals{shape_str(vt.shape)}", api=api,
+                        why=f"vals must have 8 elements in each of the {P} partitions")
+    dt = dtypes.normalize(dtype) if dtype is not None else np.dtype(np.uint32)
+    if dt not in (np.dtype(np.uint16), np.dtype(np.uint32)):
+        raise nki_error("nkisim_operand_dtype", param="dtype", api=api, dtype=dtypes.name(dt),
+                        allowed="uint16, uint32")
+    dv = _tile_vals(d, api, run).reshape(P, -1)
+    m = _src_mask(mask, _tile_shape(d))
+    if m is not None:
+        dv = np.where(m.reshape(P, -1), dv, np.nan)       # masked-out elements never match
+    idx = _first_indices(dv, _tile_vals(vt, api, run).reshape(P, 8))
+    idx = np.where(idx < 0, np.iinfo(dt).max, idx)
+    detail = _detail(d, vt)
+    detail["in_free"] = dv.shape[1]
+    return result_tile(run, (P, 8), dt, idx, api, VECTOR, (d, vt), detail)
+
+
+def nc_match_replace8(*, data, vals, imm, dst_idx=None, mask=None, dtype=None, **kwargs):
+    """Replace the first occurrence of each of the 8 ``vals`` (in order, each search seeing the
+    previous replacements) with ``imm``; optionally write the flattened indices of the matches
+    into ``dst_idx`` (the docs' NumPy equivalent). ``mask`` applies to ``data``."""
+    run = context.current()
+    api = "nc_match_replace8"
+    d = _tile(data, api, "data")
+    vt = _tile(vals, api, "vals")
+    P = d.shape[0]
+    if vt.shape[0] != P or math.prod(_tile_shape(vt)[1:]) != 8:
+        raise nki_error("nkisim_shape_mismatch", params=f"data{shape_str(d.shape)}, "
+                        f"vals{shape_str(vt.shape)}", api=api,
+                        why=f"vals must have 8 elements in each of the {P} partitions")
+    shape = _tile_shape(d)
+    dv = _tile_vals(d, api, run).reshape(P, -1).copy()
+    if dv.shape[1] > 16384:
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"data must have at most 16,384 elements per partition, got "
+                            f"{dv.shape[1]}")
+    m = _src_mask(mask, shape)
+    keep = None if m is None else m.reshape(P, -1)
+    search = dv.copy() if keep is None else np.where(keep, dv, np.nan)
+    vv = _tile_vals(vt, api, run).reshape(P, 8)
+    idx = np.zeros((P, 8), np.int64)
+    rows = np.arange(P)
+    for j in range(8):
+        hit = search == vv[:, j:j + 1]
+        found = hit.any(axis=1)
+        first = hit.argmax(axis=1)
+        idx[:, j] = np.where(found, first, 0)
+        dv[rows[found], first[found]] = np.float32(imm)
+        search[rows[found], first[found]] = np.nan          # replaced: no second match
+    detail = _detail(d, vt)
+    detail["in_free"] = dv.shape[1]
+    res = result_tile(run, shape, dtype or d.dtype, dv.reshape(shape), api, VECTOR, (d, vt),
+                      detail, mask=m)
+    if dst_idx is not None:
+        di = _tile(dst_idx, api, "dst_idx")
+        if di.shape[0] != P or math.prod(_tile_shape(di)[1:]) != 8:
+            raise nki_error("nkisim_shape_mismatch", params=f"dst_idx{shape_str(di.shape)}",
+                            api=api, why=f"dst_idx must have 8 elements in each of the {P} "
+                                         "partitions")
+        _write_dst(run, di, idx.reshape(_tile_shape(di)), api,
+                   mask=None if m is None else np.broadcast_to(_rows(m, P), _tile_shape(di)))
+        res._producer.writes = res._producer.writes + (region(di),)
+    return res
+
+
+# --- selection with reduction ----------------------------------------------------------------
+
+def select_reduce(*, dst, predicate, on_true, on_false, reduce_res=None,
+                  reduce_cmd=reduce_cmd.idle, reduce_op=np.amax, reverse_pred=False, mask=None,
+                  dtype=None, **kwargs):
+    """``dst = where(predicate (or its negation), on_true, on_false)`` with an optional max
+    reduction per partition into ``reduce_res`` through the accumulator registers (docs' NumPy
+    expression). ``on_false``: a scalar or a (P, 1) tile."""
+    run = context.current()
+    api = "select_reduce"
+    dt_ = _tile(dst, api, "dst")
+    pr = _tile(predicate, api, "predicate")
+    ot = _tile(on_true, api, "on_true")
+    P = ot.shape[0]
+    for p, t in (("dst", dt_), ("predicate", pr)):
+        if t.shape[0] != P or t.size != ot.size:
+            raise nki_error("nkisim_shape_mismatch", params=f"on_true{shape_str(ot.shape)}, "
+                            f"{p}{shape_str(t.shape)}", api=api,
+                            why="on_true, dst and predicate must have the same shape")
+    if pr.root.buffer == "psum" and ot.root.buffer == "psum":
+        raise nki_error("nkisim_both_inputs_psum", api=api)
+    rname = _reduce_name(reduce_op, api, {"max"})
+    shape = _tile_shape(ot)
+    pv = np.asarray(read(pr, api, run)).reshape(shape) != 0
+    if reverse_pred:
+        pv = ~pv
+    tv = _tile_vals(ot, api, run).reshape(shape)
+    fv, ft = _scalar_operand(on_false, ot, api, "on_false", run)
+    out = np.where(pv, tv, fv)
+    m = _src_mask(mask, shape)
+    tiles = [pr, ot] + ([ft] if ft is not None else [])
+    _write_dst(run, dt_, out, api, mask=None if m is None else fit(m, dt_.shape))
+    detail = _detail(*tiles)
+    detail["alu"] = "select"
+    instr = run.record(api, VECTOR, tuple(region(t) for t in tiles), (region(dt_),),
+                       dtypes.name(dt_.dtype), P, math.prod(shape[1:]), detail)
+    red = np.max(np.where(m, out, -np.inf) if m is not None else out,
+                 axis=tuple(range(1, len(shape)))).reshape(P, 1)
+    acc = _accumulate(run, api, reduce_cmd, rname, red)
+    _write_reduce_res(run, reduce_res, acc, api, instr)
+
+
+_COMPARE = {"equal": np.equal, "less": np.less, "less_equal": np.less_equal,
+            "greater": np.greater, "greater_equal": np.greater_equal}
+
+
+def range_select(*, on_true_tile, comp_op0, comp_op1, bound0, bound1,
+                 reduce_cmd=reduce_cmd.idle, reduce_res=None, reduce_op=np.amax, range_start=0,
+                 on_false_value=nl.fp32.min, mask=None, dtype=None, **kwargs):
+    """Keep the elements whose free index + ``range_start`` satisfies ``comp_op0(i, bound0) &
+    comp_op1(i, bound1)``, others become ``on_false_value``; max-reduce per partition through
+    the accumulator registers (docs' NumPy equivalent). "Available only on NeuronCore-v3 and
+    beyond"."""
+    run = context.current()
+    api = "range_select"
+    if run.arch.nc_version < 3:
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why="range_select is available only on NeuronCore-v3 (trn2) and beyond")
+    x = _tile(on_true_tile, api, "on_true_tile")
+    P = x.shape[0]
+    shape = _tile_shape(x)
+    names = []
+    for p, op in (("comp_op0", comp_op0), ("comp_op1", comp_op1)):
+        n = _alu_name(op, api)
+        if n not in _COMPARE:
+            raise nki_error("nkisim_invalid_argument", api=api,
+                            why=f"{p} must be one of np.equal, np.less, np.less_equal, "
+                                f"np.greater, np.greater_equal, got {n}")
+        names.append(n)
+    b0, t0 = _scalar_operand(bound0, x, api, "bound0", run)
+    b1, t1 = _scalar_operand(bound1, x, api, "bound1", run)
+    rname = _reduce_name(reduce_op, api, {"max"})
+    v = _tile_vals(x, api, run).reshape(P, -1)
+    idx = np.float32(int(range_start)) + np.arange(v.shape[1], dtype=np.float32)[None, :]
+    keep = _COMPARE[names[0]](idx, np.asarray(b0).reshape(-1, 1)) & \
+        _COMPARE[names[1]](idx, np.asarray(b1).reshape(-1, 1))
+    out = np.where(keep, v, np.float32(on_false_value)).reshape(shape)
+    tiles = [x] + [t for t in (t0, t1) if t is not None]
+    m = _src_mask(mask, shape)
+    res = result_tile(run, shape, dtype or x.dtype, out, api, VECTOR, tiles, _detail(*tiles),
+                      mask=m)
+    red = np.max(np.where(m, out, -np.inf) if m is not None else out,
+                 axis=tuple(range(1, len(shape)))).reshape(P, 1)
+    acc = _accumulate(run, api, reduce_cmd, rname, red)
+    _write_reduce_res(run, reduce_res, acc, api, res._producer)
+    return res
+
+
+def tensor_scalar_reduce(*, data, op0, operand0, reduce_op, reduce_res, reverse0=False,
+                         dtype=None, mask=None, **kwargs):
+    """``data <op0> operand0`` (one arithmetic op) and its reduction over all free axes written
+    into ``reduce_res`` (P, 1) (docs; reduce_op add, subtract, multiply, max or min)."""
+    run = context.current()
+    api = "tensor_scalar_reduce"
+    x = _tile(data, api, "data")
+    n0 = _alu_name(op0, api)
+    if n0 in _BITVEC:
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why="op0 must be an arithmetic op (bitvec ops are not supported)")
+    rname = _reduce_name(reduce_op, api, {"add", "subtract", "multiply", "max", "min"})
+    if rname == "subtract":
+        raise nki_error("nkisim_unsupported", what=f"{api} with reduce_op subtract",
+                        why="the order of a subtract reduction is not documented")
+    shape = _tile_shape(x)
+    v = dtypes.to_f32(read(x, api, run).reshape(shape))
+    o0, t0 = _scalar_operand(operand0, x, api, "operand0", run)
+    out = np.broadcast_to(apply_binary(n0, o0, v) if reverse0 else apply_binary(n0, v, o0),
+                          shape)
+    tiles = [x] + ([t0] if t0 is not None else [])
+    detail = _detail(*tiles)
+    detail.update(alu=n0, reduce=True)
+    m = _src_mask(mask, shape)
+    res = result_tile(run, shape, dtype or x.dtype, out, api, VECTOR, tiles, detail, mask=m)
+    ident = _RESET[rname] if rname in ("max", "min") else (0.0 if rname == "add" else 1.0)
+    red = reduce_values(rname, np.where(m, out, ident) if m is not None else out,
+                        tuple(range(1, len(shape))), True).reshape(shape[0], 1)
+    if reduce_res is None:
+        raise nki_error("nkisim_invalid_argument", api=api, why="reduce_res is required")
+    _write_reduce_res(run, reduce_res, red, api, res._producer)
+    return res
+
+
+# --- cross-partition -----------------------------------------------------------------------
+
+def tensor_partition_reduce(op, data, *, mask=None, dtype=None, **kwargs):
+    """Reduce across the partitions of ``data`` on GpSimd: a (1, free...) tile (docs; op add,
+    max, bitwise_or or bitwise_and; AWS test_nki_isa_partition_reduce.py compares with
+    ``np.sum(a, axis=0, keepdims=True)``)."""
+    run = context.current()
+    api = "tensor_partition_reduce"
+    x = _tile(data, api, "data")
+    name = _reduce_name(op, api, {"add", "max", "bitwise_or", "bitwise_and"})
+    shape = _tile_shape(x)
+    v = read(x, api, run).reshape(shape)
+    if name.startswith("bitwise"):
+        if not dtypes.is_int(x.dtype):
+            raise nki_error("nkisim_operand_dtype", param="data", api=api,
+                            dtype=dtypes.name(x.dtype), allowed="integer dtypes (bitvec ops)")
+    else:
+        v = dtypes.to_f32(v)
+    out = reduce_values(name, v, (0,), True)
+    oshape = (1,) + shape[1:]
+    detail = _detail(x)
+    detail["alu"] = name
+    return result_tile(run, oshape, dtype or x.dtype, np.asarray(out).reshape(oshape), api,
+                       GPSIMD, (x,), detail, mask=_mask(mask, oshape))
+
+
+def nc_stream_shuffle(src, dst, shuffle_mask, *, dtype=None, mask=None, **kwargs):
+    """Cross-partition moves inside each 32-partition quadrant: ``dst[q*32 + i] = src[q*32 +
+    shuffle_mask[i]]``, ``255`` leaves ``dst[q*32 + i]`` unchanged; the same mask for every
+    quadrant; in place allowed (docs; AWS test_nki_isa_nc_stream_shuffle.py)."""
+    run = context.current()
+    api = "nc_stream_shuffle"
+    s = _tile(src, api, "src")
+    d = _tile(dst, api, "dst")
+    sm = [int(x) if not isinstance(x, IndexExpr) else int(x.v) for x in shuffle_mask]
+    if len(sm) != 32:
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"shuffle_mask must have 32 elements, got {len(sm)}")
+    if s.dtype != d.dtype:
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why="dst must have the same data type as src")
+    Ps, Pd = s.shape[0], d.shape[0]
+    sv = read(s, api, run).reshape(Ps, -1)
+    if sv.shape[1] != d.size // Pd:
+        raise nki_error("nkisim_shape_mismatch", params=f"src{shape_str(s.shape)}, "
+                        f"dst{shape_str(d.shape)}", api=api,
+                        why="src and dst must have the same number of elements per partition")
+    from .tensor import values
+    out = np.array(values(d), copy=True).reshape(Pd, -1)
+    written = np.zeros((Pd, 1), bool)
+    for q in range(-(-max(Ps, Pd) // 32)):
+        for i, k in enumerate(sm):
+            if k == 255:
+                continue
+            if not 0 <= k < 32:
+                raise nki_error("nkisim_invalid_argument", api=api,
+                                why=f"shuffle_mask values must be 0..31 or 255, got {k}")
+            p, sp = q * 32 + i, q * 32 + k
+            if p >= Pd:
+                continue
+            if sp >= Ps:
+                raise nki_error("nkisim_invalid_argument", api=api,
+                                why=f"partition {p} of dst copies partition {sp} of src, which "
+                                    f"has {Ps} partitions")
+            out[p] = sv[sp]
+            written[p] = True
+    m = np.broadcast_to(written, out.shape).reshape(d.shape)
+    um = _src_mask(mask, d.shape)
+    _write_dst(run, d, out.reshape(d.shape), api, mask=m if um is None else m & um)
+    run.record(api, VECTOR, (region(s),), (region(d),), dtypes.name(d.dtype), Pd,
+               max(1, d.size // Pd), _detail(s))
+
+
+def dma_transpose(src, *, axes=None, mask=None, dtype=None, **kwargs):
+    """Transpose on the DMA engines into a new SBUF tile: 2-D (1, 0), 3-D (2, 1, 0), 4-D
+    (3, 1, 2, 0) (docs); ``src`` in HBM or SBUF (AWS test_nki_nl_load_transpose2d.py:
+    ``nisa.dma_transpose(in_tensor)`` of a (2048, 128) HBM tensor gives its transpose)."""
+    run = context.current()
+    api = "dma_transpose"
+    if not isinstance(src, Tensor):
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"src must be an NKI tensor, got {type(src).__name__}")
+    if src.root.buffer == "psum":
+        raise nki_error("err_unsupported_memory", param="src", api=api, expected="hbm|sbuf",
+                        got="psum")
+    default = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
+    nd = len(src.shape)
+    if nd not in default:
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"src must be 2-, 3- or 4-D, got {shape_str(src.shape)}")
+    ax = tuple(int(a) for a in axes) if axes is not None else default[nd]
+    if ax != default[nd]:
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"supported axes are (1, 0), (2, 1, 0) and (3, 1, 2, 0); got {ax}")
+    v = read(src, api, run).reshape(src.shape).transpose(ax)
+    shape = v.shape
+    if shape[0] > run.arch.pmax:
+        raise nki_error("err_num_partition_exceed_arch_limit", n=shape[0], limit=run.arch.pmax)
+    from .tensor import allocate
+    t = allocate(shape, dtype or src.dtype, api=api, poison=mask is not None)
+    _write_dst(run, t, v, api, mask=_mask(mask, shape))
+    nbytes = t.size * t.dtype.itemsize
+    detail = nl._dma_detail(t, src, nbytes)
+    detail["transpose"] = True
+    t._producer = run.record(api, DMA, (region(src),), (region(t),), dtypes.name(t.dtype),
+                             shape[0], max(1, t.size // shape[0]), detail)
+    return t
+
+
+# --- statistics ------------------------------------------------------------------------------
+
+def bn_stats(data, *, mask=None, dtype=None, **kwargs):
+    """Per partition ``(count, mean, variance*count)`` of the even-indexed elements, then of the
+    odd-indexed ones: a (P, 6) tile, fp32 math (docs); at most ``bn_stats_fmax`` (512)
+    elements per partition."""
+    run = context.current()
+    api = "bn_stats"
+    x = _tile(data, api, "data")
+    P = x.shape[0]
+    v = _tile_vals(x, api, run).reshape(P, -1).astype(np.float64)
+    if v.shape[1] > nl.tile_size.bn_stats_fmax:
+        raise nki_error("err_size_of_dimension_exceed_arch_limit", dim=1, param="data",
+                        shape=shape_str(x.shape), api=api, limit=nl.tile_size.bn_stats_fmax)
+    out = np.zeros((P, 6), np.float64)
+    for k, part in enumerate((v[:, 0::2], v[:, 1::2])):
+        c = part.shape[1]
+        mean = part.mean(axis=1) if c else np.zeros(P)
+        out[:, 3 * k] = c
+        out[:, 3 * k + 1] = mean
+        out[:, 3 * k + 2] = ((part - mean[:, None]) ** 2).sum(axis=1) if c else 0.0
+    return result_tile(run, (P, 6), dtype or x.dtype, out.astype(np.float32), api, VECTOR,
+                       (x,), _detail(x), mask=_mask(mask, (P, 6)))
+
+
+def bn_aggr(data, *, mask=None, dtype=None, **kwargs):
+    """Aggregate ``(count, mean, variance*count)`` triples (one or more bn_stats outputs) into
+    a (P, 2) tile of mean and (population) variance per partition (docs)."""
+    run = context.current()
+    api = "bn_aggr"
+    x = _tile(data, api, "data")
+    P = x.shape[0]
+    v = _tile_vals(x, api, run).reshape(P, -1).astype(np.float64)
+    if v.shape[1] % 3:
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"the elements per partition must be a multiple of 3, got "
+                            f"{v.shape[1]}")
+    c, m, m2 = v[:, 0::3], v[:, 1::3], v[:, 2::3]
+    n = c.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = (c * m).sum(axis=1) / n
+        var = (m2.sum(axis=1) + (c * (m - mean[:, None]) ** 2).sum(axis=1)) / n
+    out = np.stack([mean, var], axis=1).astype(np.float32)
+    detail = _detail(x)
+    return result_tile(run, (P, 2), dtype or x.dtype, out, api, VECTOR, (x,), detail,
+                       mask=_mask(mask, (P, 2)))
+
+
+# --- random ----------------------------------------------------------------------------------
+
+def dropout(data, prob, *, mask=None, dtype=None, **kwargs):
+    """Replace each element with zero with probability ``prob`` (a scalar, or a (P, 1) tile with
+    one probability per partition); the others keep their value, no rescaling (docs: "If the
+    probability is 1.0, all elements are replaced with zeros")."""
+    run = context.current()
+    api = "dropout"
+    x = _tile(data, api, "data")
+    shape = _tile_shape(x)
+    p, pt = _scalar_operand(prob, x, api, "prob", run)
+    v = read(x, api, run).reshape(shape)
+    if not dtypes.is_int(x.dtype):
+        v = dtypes.to_f32(v)
+    u = nl._rng(run).random(shape, dtype=np.float32)
+    out = np.where(u < np.broadcast_to(p, shape), np.zeros((), v.dtype), v)
+    tiles = [x] + ([pt] if pt is not None else [])
+    return result_tile(run, shape, dtype or x.dtype, out, api, VECTOR, tiles, _detail(*tiles),
+                       mask=_mask(mask, shape))
+
+
+# --- predicated / gathers / segments ---------------------------------------------------------
+
+def tensor_copy_predicated(*, src, dst, predicate, reverse_pred=False, mask=None, dtype=None,
+                           **kwargs):
+    """Copy ``src`` (a tile or a scalar) into ``dst`` where ``predicate`` is true (false with
+    ``reverse_pred``); other ``dst`` elements are unchanged (docs). AWS's example
+    (test_nki_isa_copypredicated.py) passes a bool predicate, which the simulator accepts."""
+    run = context.current()
+    api = "tensor_copy_predicated"
+    d = _tile(dst, api, "dst")
+    pr = _tile(predicate, api, "predicate")
+    shape = _tile_shape(d)
+    if pr.shape[0] != d.shape[0] or pr.size != d.size:
+        raise nki_error("nkisim_shape_mismatch", params=f"dst{shape_str(d.shape)}, "
+                        f"predicate{shape_str(pr.shape)}", api=api,
+                        why="dst and predicate must have the same shape")
+    if not (dtypes.is_int(pr.dtype) or pr.dtype == np.dtype(np.bool_)):
+        raise nki_error("nkisim_operand_dtype", param="predicate", api=api,
+                        dtype=dtypes.name(pr.dtype), allowed="uint8, uint16, uint32")
+    pv = np.asarray(read(pr, api, run)).reshape(shape) != 0
+    if reverse_pred:
+        pv = ~pv
+    tiles = [pr]
+    if isinstance(src, Tensor):
+        s = _tile(src, api, "src")
+        if s.shape[0] != d.shape[0] or s.size != d.size:
+            raise nki_error("nkisim_shape_mismatch", params=f"dst{shape_str(d.shape)}, "
+                            f"src{shape_str(s.shape)}", api=api,
+                            why="src and dst must have the same shape")
+        if s.root.buffer == "psum" and pr.root.buffer == "psum":
+            raise nki_error("nkisim_both_inputs_psum", api=api)
+        sv = read(s, api, run).reshape(shape)
+        tiles.append(s)
+    elif isinstance(src, (int, float, np.integer, np.floating)):
+        sv = np.full(shape, src)
+    else:
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"src must be a tile or a number, got {type(src).__name__}")
+    um = _src_mask(mask, shape)
+    _write_dst(run, d, sv, api, mask=pv if um is None else pv & um)
+    run.record(api, VECTOR, tuple(region(t) for t in tiles) + (region(d),), (region(d),),
+               dtypes.name(d.dtype), d.shape[0], max(1, d.size // d.shape[0]), _detail(*tiles))
+
+
+def local_gather(src_buffer, index, num_elem_per_idx=1, num_valid_indices=None, *, mask=None,
+                 **kwargs):
+    """GpSimd gather inside each group of 16 partitions (docs; AWS test_nki_isa_local_gather.py
+    gives the NumPy equivalent): each core flattens its 16-partition slice of ``index``
+    partition-first, keeps the first ``num_valid_indices``, and every partition of the slice
+    gathers ``num_elem_per_idx`` contiguous elements starting at each index (an element offset
+    in the partition). Result: (P, num_valid_indices, num_elem_per_idx), ``src_buffer``'s dtype.
+    """
+    run = context.current()
+    api = "local_gather"
+    s = _tile(src_buffer, api, "src_buffer")
+    ix = _tile(index, api, "index")
+    P = s.shape[0]
+    if ix.shape[0] != P or P % 16:
+        raise nki_error("nkisim_shape_mismatch", params=f"src_buffer{shape_str(s.shape)}, "
+                        f"index{shape_str(ix.shape)}", api=api,
+                        why="src_buffer and index must have the same partitions, a multiple "
+                            "of 16")
+    ne = int(num_elem_per_idx)
+    if ne not in (1, 2, 4, 8, 16, 32):
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"num_elem_per_idx must be 1, 2, 4, 8, 16 or 32, got {ne}")
+    if not dtypes.is_int(ix.dtype):
+        raise nki_error("nkisim_operand_dtype", param="index", api=api,
+                        dtype=dtypes.name(ix.dtype), allowed="uint16")
+    sv = read(s, api, run).reshape(P, -1)
+    iv = np.asarray(read(ix, api, run)).astype(np.int64).reshape(P, -1)
+    per_core = 16 * iv.shape[1]
+    nv = per_core if num_valid_indices is None else int(num_valid_indices)
+    if not 0 < nv <= min(per_core, 4096):
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"num_valid_indices must be 1..{min(per_core, 4096)}, got {nv}")
+    out = np.empty((P, nv, ne), sv.dtype)
+    F = sv.shape[1]
+    for c in range(P // 16):
+        idx = iv[c * 16:(c + 1) * 16].flatten(order="F")[:nv]
+        if idx.min(initial=0) < 0 or idx.max(initial=0) + ne > F:
+            raise nki_error("nkisim_invalid_argument", api=api,
+                            why=f"an index of core {c} reads past the {F} elements of a "
+                                "partition (out-of-bound behaviour is undefined)")
+        take = idx[:, None] + np.arange(ne)[None, :]
+        out[c * 16:(c + 1) * 16] = sv[c * 16:(c + 1) * 16][:, take]
+    detail = _detail(s, ix)
+    detail["inputs"] = 2
+    return result_tile(run, (P, nv, ne), s.dtype, out, api, GPSIMD, (s, ix), detail,
+                       mask=_mask(mask, (P, nv, ne)))
+
+
+def sequence_bounds(*, segment_ids, dtype=None, **kwargs):
+    """For each element of a (1, n) tile of segment ids, the [start, end) bounds of its segment:
+    a (1, 2, n) tile; padding (id 0) gets start n and end -1 (docs; the NumPy equivalent in AWS
+    test_nki_isa_sequence_bounds.py)."""
+    run = context.current()
+    api = "sequence_bounds"
+    x = _tile(segment_ids, api, "segment_ids")
+    if x.dtype not in (np.dtype(np.float32), np.dtype(np.int32)):
+        raise nki_error("nkisim_operand_dtype", param="segment_ids", api=api,
+                        dtype=dtypes.name(x.dtype), allowed="float32, int32")
+    if x.shape[0] != 1:
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"the partition dimension must be 1, got {x.shape[0]}")
+    out_dt = dtypes.normalize(dtype) if dtype is not None else x.dtype
+    if out_dt not in (np.dtype(np.float32), np.dtype(np.int32)):
+        raise nki_error("nkisim_operand_dtype", param="dtype", api=api,
+                        dtype=dtypes.name(out_dt), allowed="float32, int32")
+    seq = np.asarray(read(x, api, run)).reshape(-1)
+    n = seq.size
+    lo = np.empty(n, np.int64)
+    hi = np.empty(n, np.int64)
+    for i in range(n):
+        if seq[i] == 0:
+            lo[i] = n
+        elif i > 0 and seq[i] == seq[i - 1]:
+            lo[i] = lo[i - 1]
+        else:
+            lo[i] = i
+    for i in range(n - 1, -1, -1):
+        if seq[i] == 0:
+            hi[i] = -1
+        elif i < n - 1 and seq[i] == seq[i + 1]:
+            hi[i] = hi[i + 1]
+        else:
+            hi[i] = i + 1
+    out = np.stack([lo, hi]).reshape(1, 2, n)
+    return result_tile(run, (1, 2, n), out_dt, out.astype(np.float32) if dtypes.is_float(
+        out_dt) else out, api, GPSIMD, (x,), _detail(x))

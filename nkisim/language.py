@@ -10,7 +10,9 @@ and partition broadcasts on TensorE, loads/stores on the DMA queues.
 from __future__ import annotations
 
 import builtins
+import linecache
 import math
+import re
 import sys
 
 import ml_dtypes
@@ -50,7 +52,7 @@ from .tensor import (  # noqa: F401 - re-exported buffers
     values,
     write,
 )
-from .trace import DMA, SCALAR, TENSOR, VECTOR
+from .trace import DMA, GPSIMD, SCALAR, TENSOR, VECTOR
 
 # ---------------------------------------------------------------------------------------------
 # constants
@@ -145,6 +147,10 @@ def _contiguous(t: Tensor) -> bool:
 def _mask(mask, shape):
     if mask is None:
         return None
+    if isinstance(mask, (bool, np.bool_)):
+        # a condition on loop indices and constants only evaluates to a Python bool: all or
+        # nothing (AWS's reference/allocated_fused_linear.py: `mask=(i * 128 < n)`)
+        return None if mask else np.zeros(shape, bool)
     if not isinstance(mask, MaskExpr):
         raise nki_error("err_unsupported_expression_in_mask")
     try:
@@ -156,9 +162,13 @@ def _mask(mask, shape):
 
 
 def result_tile(run, shape, dtype, vals, op, engine, reads, detail, buffer=sbuf, mask=None,
-                name=None):
-    """Create the instruction's output tile, write ``vals``, record the instruction."""
-    t = allocate(shape, dtype, buffer=buffer, name=name or "", api=op, poison=mask is not None)
+                name=None, fresh=False):
+    """Create the instruction's output tile, write ``vals``, record the instruction.
+
+    ``fresh``: ``vals`` was just computed by the op and nothing else references it, so it may
+    become the tile's storage without a copy (``tensor.allocate(storage=)``)."""
+    t = allocate(shape, dtype, buffer=buffer, name=name or "", api=op, poison=mask is not None,
+                 storage=vals if fresh and mask is None else None)
     write(t, vals, op, run=run, mask=mask)
     instr = run.record(op, engine, tuple(region(r) for r in reads), (region(t),),
                        dtypes.name(t.dtype), _partitions(t), _free(t), detail)
@@ -338,12 +348,57 @@ def program_ndim():
     return len(context.current().grid)
 
 
-def spmd_dim(*args, **kwargs):
-    raise nki_error("nkisim_unsupported", what="nl.spmd_dim", why="nkisim runs one NeuronCore")
+class spmd_dim(int):
+    """``nl.spmd_dim(a, b)``: one launch-grid dimension of size ``a * b`` split in sub-dimensions,
+    one of which may be an ``nl.nc(n)`` (instances spread over n physical NeuronCores).
+
+    The AWS doc example (aws-neuron-sdk nki/api/nki/language/__init__.py, ``spmd_dim``/``nc``, and
+    nki/test/test_nki_spmd_grid.py) launches ``kernel[nl.spmd_dim(nl.nc(2), 2), 2]`` over a (4, 2)
+    grid: ``program_id(0)`` runs over 0..3 as with ``kernel[4, 2]``, only the core assignment
+    differs. nkisim runs the instances serially, so the values are those of the plain grid;
+    ``layout`` keeps the factors."""
+
+    def __new__(cls, *dims):
+        if not dims:
+            raise nki_error("nkisim_invalid_argument", api="nl.spmd_dim",
+                            why="expects at least one dimension size")
+        for d in dims:
+            if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or int(d) < 1:
+                raise nki_error("nkisim_invalid_argument", api="nl.spmd_dim",
+                                why=f"dimension sizes must be positive ints, got {d!r}")
+        obj = super().__new__(cls, math.prod(int(d) for d in dims))
+        obj.layout = tuple(d if isinstance(d, nc) else int(d) for d in dims)
+        return obj
+
+    def __repr__(self):
+        return f"nl.spmd_dim({', '.join(map(repr, self.layout))})"
 
 
-def nc(n):
-    return n
+class nc(int):
+    """``nl.nc(n)``: a logical NeuronCore dimension of size ``n`` in the launch grid;
+    ``nl.nc(2) * 2`` and ``2 * nl.nc(2)`` are ``nl.spmd_dim(nl.nc(2), 2)`` and
+    ``nl.spmd_dim(2, nl.nc(2))`` (aws-neuron-sdk nki/test/test_nki_spmd_grid.py)."""
+
+    def __new__(cls, n):
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or int(n) < 1:
+            raise nki_error("nkisim_invalid_argument", api="nl.nc",
+                            why=f"the number of NeuronCores must be a positive int, got {n!r}")
+        obj = super().__new__(cls, int(n))
+        obj.layout = (obj,)
+        return obj
+
+    def __mul__(self, other):
+        if isinstance(other, (int, np.integer)) and not isinstance(other, bool):
+            return spmd_dim(self, other)
+        return NotImplemented
+
+    def __rmul__(self, other):
+        if isinstance(other, (int, np.integer)) and not isinstance(other, bool):
+            return spmd_dim(other, self)
+        return NotImplemented
+
+    def __repr__(self):
+        return f"nl.nc({int(self)})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -357,7 +412,9 @@ def _dma_detail(dst: Tensor, src: Tensor, nbytes: int) -> dict:
 
 def _contig_bytes(t: Tensor) -> int:
     a = t._arr
-    if a is None or t._idx is not None:
+    if a is not None and t._idx is not None:
+        return _indexed_contig_bytes(t)
+    if a is None:
         return t.dtype.itemsize
     run = a.itemsize
     limit = t.root.row_bytes if t.root.buffer != "hbm" else None
@@ -372,6 +429,32 @@ def _contig_bytes(t: Tensor) -> int:
     return run
 
 
+def _indexed_contig_bytes(t: Tensor) -> int:
+    """Mean contiguous run (bytes) of an advanced-indexed view (``a[m*128 + i.p, i.x]`` with
+    ``i = nl.mgrid[...]``): the DMA moves each maximal run of consecutive addresses as one
+    descriptor, however the kernel spelled the index (nkisim.cost: DMAs are costed by their
+    contiguous runs)."""
+    a = t._arr
+    item = a.itemsize
+    try:
+        idx = [np.asarray(i, dtype=np.int64) for i in t._idx]
+        shp = np.broadcast_shapes(*(i.shape for i in idx))
+        off = np.zeros(shp, dtype=np.int64)
+        for i, st in zip(idx, a.strides):
+            off = off + i * st
+    except Exception:                      # an index form this does not understand
+        return item
+    if off.ndim == 0 or off.size <= 1:
+        return item
+    off = off.reshape(-1, off.shape[-1])
+    limit = t.root.row_bytes if t.root.buffer != "hbm" else None
+    cont = np.diff(off, axis=1) == item
+    if limit:                              # an SBUF run ends at its partition's end
+        cont &= (off[:, 1:] // limit) == (off[:, :-1] // limit)
+    runs = off.shape[0] + int((~cont).sum())
+    return builtins.max(item, int(item * off.size // runs))
+
+
 def _dma(dst: Tensor, src: Tensor, src_vals, api: str, run, mask=None, accumulate_op=None):
     """Record and perform a DMA transfer (values already read and shaped)."""
     if accumulate_op is not None:
@@ -379,7 +462,9 @@ def _dma(dst: Tensor, src: Tensor, src_vals, api: str, run, mask=None, accumulat
         src_vals = accumulate_op(cur, dtypes.to_f32(src_vals))
     write(dst, src_vals, api, run=run, mask=mask)
     nbytes = dst.size * dst.dtype.itemsize
-    run.record("dma_copy", DMA, (region(src),), (region(dst),), dtypes.name(dst.dtype),
+    from .indirect import index_tiles
+    idx = tuple(region(i) for i in index_tiles(src) + index_tiles(dst))   # indirect DMA
+    run.record("dma_copy", DMA, (region(src),) + idx, (region(dst),), dtypes.name(dst.dtype),
                _partitions(dst) if dst.root.buffer != "hbm" else _partitions(src),
                _free(dst) if dst.root.buffer != "hbm" else _free(src),
                _dma_detail(dst, src, nbytes))
@@ -418,8 +503,10 @@ def store(dst, value, *, mask=None, **kwargs):
         vals = read(src, "store", run)
         if src.root.buffer == "psum":
             # "an extra copy will be performed to move the tile to SBUF first" (ref §1.7)
+            taint = run.taint
             run.record("tensor_copy", VECTOR, (region(src),), (), dtypes.name(src.dtype),
                        _partitions(src), _free(src), _detail(src))
+            run.taint = taint
     if src is not None and vals.size != dst.size:
         vals = fit(vals, dst.shape, src.shape)
     vals = vals.reshape(dst.shape) if vals.size == dst.size else vals
@@ -458,8 +545,10 @@ def copy(src, *, mask=None, dtype=None, **kwargs):
     run = context.current()
     x = _tile(src, "copy", "src")
     vals = read(x, "copy", run)
+    d = _detail(x)
+    d["auto_engine"] = True            # the compiler picks the engine (nkisim.cost)
     return result_tile(run, x.shape, dtype or x.dtype, vals, "tensor_copy", VECTOR, (x,),
-                       _detail(x), mask=_mask(mask, x.shape))
+                       d, mask=_mask(mask, x.shape))
 
 
 def broadcast_to(src, *, shape, **kwargs):
@@ -492,12 +581,28 @@ def device_print(prefix, x, *, mask=None, **kwargs):
         text = f"{prefix} {np.array2string(np.asarray(vals, dtype=np.float64) if dtypes.is_float(x.dtype) else vals, threshold=64)}"  # noqa: E501
     else:
         text = f"{prefix} {x}"
+    run.taint = None                    # printing garbage is not an error
     run.device_prints.append(text)
     print(text, file=sys.stdout)
 
 
 # ---------------------------------------------------------------------------------------------
 # element-wise math (ref §1.8)
+
+def partition_vectors(a, b):
+    """A (P, 1) (or (P,)) operand broadcasts along every free dimension of the other operand,
+    whatever its rank: NumPy would align (P, 1) with the *last* two axes of a (P, R, W) tile.
+    CS149 solutions that passed on trn2 add a (P, 1) bias to (P, R, W) and (P, R, 2, W) tiles
+    with nl.add / nisa.tensor_tensor (issue 8); the docs' tensor_scalar takes "a vector of
+    shape (P, 1)" broadcast along the free dimensions (nki.isa.tensor_scalar)."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.ndim != b.ndim and \
+            a.ndim and b.ndim and a.shape[0] == b.shape[0]:
+        if math.prod(a.shape[1:]) == 1 and a.ndim < b.ndim:
+            a = a.reshape((a.shape[0],) + (1,) * (b.ndim - 1))
+        elif math.prod(b.shape[1:]) == 1 and b.ndim < a.ndim:
+            b = b.reshape((b.shape[0],) + (1,) * (a.ndim - 1))
+    return a, b
+
 
 def _bitvec_op(name):
     return name in ("bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift",
@@ -539,6 +644,10 @@ def _operand_dtype(x):
 def _binary(name, x, y, dtype, mask):
     run = context.current()
     api = name
+    if name in ("add", "subtract", "multiply") and builtins.any(
+            isinstance(t, IndexExpr) for t in (x, y)):
+        from .indirect import dynamic_index
+        return dynamic_index(name, x, y, run)
     tiles = [t for t in (x, y) if isinstance(t, Tensor)]
     if not tiles:
         raise nki_error("nkisim_invalid_argument", api=api, why="needs at least one tile")
@@ -557,7 +666,7 @@ def _binary(name, x, y, dtype, mask):
             v = v.reshape(_tile_shape(t))
             return v if bitvec else dtypes.to_f32(v)
         return t
-    a, b = vals(x), vals(y)
+    a, b = partition_vectors(vals(x), vals(y))
     sa = a.shape if isinstance(a, np.ndarray) else ()
     sb = b.shape if isinstance(b, np.ndarray) else ()
     try:
@@ -830,6 +939,9 @@ def where(condition, x, y, *, dtype=None, mask=None, **kwargs):
                        mask=_mask(mask, out.shape))
 
 
+_SUBSCRIPT_RE = re.compile(r"^\s*[A-Za-z_][\w.]*\s*\[.*\]\s*=(?!=)")
+
+
 def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, **kwargs):
     """``b = nl.loop_reduce(a, op=np.add, loop_indices=[k])``: ``b = op(a, b)`` where ``b`` is
     the variable the result is assigned to (the destination is also op's right input)."""
@@ -841,6 +953,14 @@ def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, **kwargs):
     from .tensor import _infer_name
     target = _infer_name(f.f_code.co_filename, f.f_lineno, "")
     prev = f.f_locals.get(target) if target else None
+    if not isinstance(prev, Tensor) and _SUBSCRIPT_RE.match(
+            linecache.getline(f.f_code.co_filename, f.f_lineno)):
+        # `acc[idx] = nl.loop_reduce(x, ...)` (AWS's reference/attention.py flash_attn_bwd):
+        # the subscripted destination is the accumulator; the assignment performs
+        # `acc[idx] = op(x, acc[idx])` (nkisim.tensor.assign)
+        res = copy(t, dtype=dtype, mask=mask)
+        res._reduce = _alu_name(op, "loop_reduce")
+        return res
     if not isinstance(prev, Tensor):
         raise nki_error("nkisim_unsupported", what="nl.loop_reduce without an accumulator",
                         why="write `acc = nl.loop_reduce(x, op=..., loop_indices=[i])` with "
@@ -918,12 +1038,156 @@ def _unsupported(name):
     return fn
 
 
-rand = _unsupported("rand")
-random_seed = _unsupported("random_seed")
-dropout = _unsupported("dropout")
-gather_flattened = _unsupported("gather_flattened")
-atomic_rmw = _unsupported("atomic_rmw")
 all_reduce = _unsupported("all_reduce")
 rms_norm = _unsupported("rms_norm")
-shared_constant = _unsupported("shared_constant")
-shared_identity_matrix = _unsupported("shared_identity_matrix")
+
+
+# ---------------------------------------------------------------------------------------------
+# constants, dtype info, random numbers, gathers (aws-neuron-sdk 1db4d74e
+# nki/api/nki/language/__init__.py; each doc example's test is named below)
+
+def finfo(dtype):
+    """``nl.finfo(dtype)``: machine limits of a float dtype (``.min``, ``.max``, ``.eps``, ...).
+
+    The Beta 1 docs list it without a docstring; nki-samples fc5c69f reference/vision.py fills a
+    max-pool padding with ``nl.finfo(kernel_dtype).min`` (the most negative finite value), which is
+    NumPy's / ml_dtypes' ``finfo`` meaning."""
+    dt = dtypes.normalize(dtype)
+    if dt == dtypes.TF32:
+        dt = np.dtype(np.float32)
+    if not dtypes.is_float(dt):
+        raise nki_error("nkisim_invalid_argument", api="nl.finfo",
+                        why=f"{dtypes.name(dt)} is not a float dtype")
+    return ml_dtypes.finfo(dt)
+
+
+def shared_constant(constant, dtype=None, **kwargs):
+    """``nl.shared_constant(array, dtype=)``: an HBM tensor holding ``array`` cast to ``dtype``.
+
+    A compile-time constant the kernel loads like an input (AWS nki/test/test_psum_modulo_alloc.py:
+    ``identity = nl.shared_constant(np.identity(128, dtype=np.int8), dtype=nl.bfloat16)`` then
+    ``nl.load(identity)``): read-only, no instruction to create it."""
+    from .tensor import from_numpy
+    context.current()
+    arr = np.asarray(constant)
+    dt = dtypes.normalize(dtype) if dtype is not None else arr.dtype
+    vals = dtypes.cast(arr.astype(np.float32) if arr.dtype.kind in "iub" and
+                       dtypes.is_float(dt) else arr, dt)
+    return from_numpy(np.ascontiguousarray(vals), "shared_constant")
+
+
+def shared_identity_matrix(n, dtype=np.uint8, **kwargs):
+    """``nl.shared_identity_matrix(n, dtype)``: ``shared_constant(np.identity(n), dtype)``
+    (its docstring: "the same behavior to nki.language.shared_constant")."""
+    return shared_constant(np.identity(int(n), dtype=np.int8), dtype=dtype)
+
+
+def _rng(run) -> np.random.Generator:
+    """The kernel's random number generator: seeded with 0 at kernel start (runs reproduce) and
+    by ``nl.random_seed``."""
+    if run.rng is None:
+        run.rng = np.random.default_rng(0)
+    return run.rng
+
+
+def _seed_value(seed, api, run) -> int:
+    if isinstance(seed, Tensor):
+        v = read(seed, api, run)
+        if v.size < 1:
+            raise nki_error("nkisim_invalid_argument", api=api, why="the seed tile is empty")
+        return int(np.asarray(dtypes.to_f32(v)).reshape(-1)[0]) & 0xFFFFFFFF
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+        return int(seed) & 0xFFFFFFFF
+    raise nki_error("nkisim_invalid_argument", api=api,
+                    why=f"seed must be a 32-bit int or a one-element tile, got {seed!r}")
+
+
+def random_seed(seed, *, mask=None, **kwargs):
+    """``nl.random_seed(seed)``: the same seed gives the same sequence of random numbers
+    (docstring). The hardware generator is not documented, so nkisim's sequence is NumPy's
+    PCG64 seeded with the value: reproducible, but not the device's bits."""
+    run = context.current()
+    reads = (region(seed),) if isinstance(seed, Tensor) else ()
+    run.rng = np.random.default_rng(_seed_value(seed, "random_seed", run))
+    run.record("random_seed", VECTOR, reads, (), "uint32", 1, 1, {"inputs": len(reads)})
+
+
+def rand(shape, dtype=np.float32, **kwargs):
+    """``nl.rand(shape, dtype)``: a new SBUF tile of uniform random values in [0, 1) (docstring:
+    "sampled from a uniform distribution between 0 and 1"). Recorded on VectorE, the engine of
+    the hardware RNG's documented user ``nisa.dropout``."""
+    run = context.current()
+    shape = tuple(int(x) for x in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+    if len(shape) < 2:
+        shape = (shape[0] if shape else 1, 1)
+    if shape[0] > run.arch.pmax:
+        raise nki_error("err_num_partition_exceed_arch_limit", n=shape[0], limit=run.arch.pmax)
+    vals = _rng(run).random(shape, dtype=np.float32)
+    return result_tile(run, shape, dtype, vals, "rand", VECTOR, (), {"inputs": 0})
+
+
+def dropout(x, rate, *, dtype=None, mask=None, **kwargs):
+    """``nl.dropout(x, rate)``: zero each element with probability ``rate`` (a scalar or a tile
+    with one value per partition); no rescaling (docstring: "Randomly zeroes some of the elements
+    of the input tile given a probability rate"; nki-samples reference/attention.py rescales by
+    1 / (1 - p) itself)."""
+    from . import isa
+    return isa.dropout(x, rate, dtype=dtype, mask=mask)
+
+
+def gather_flattened(data, indices, *, mask=None, dtype=None, **kwargs):
+    """``nl.gather_flattened(data, indices)``: per partition, ``data`` flattened along its free
+    dims, indexed by ``indices`` (docstring: ``np.take_along_axis(data.reshape(P, -1),
+    indices.reshape(P, -1), axis=-1).reshape(indices.shape)``). Out-of-bound indices "return
+    garbage values": nkisim returns NaN there (the poison value) so a result that uses them shows.
+    """
+    run = context.current()
+    api = "gather_flattened"
+    d = _tile(data, api, "data")
+    ix = _tile(indices, api, "indices")
+    if d.shape[0] != ix.shape[0]:
+        raise nki_error("err_num_partition_mismatch",
+                        params=f"data{shape_str(d.shape)}, indices{shape_str(ix.shape)}", api=api)
+    if not dtypes.is_int(ix.dtype):
+        raise nki_error("nkisim_operand_dtype", param="indices", api=api,
+                        dtype=dtypes.name(ix.dtype), allowed="uint32 (integer indices)")
+    dv = dtypes.to_f32(read(d, api, run)).reshape(d.shape[0], -1)
+    iv = np.asarray(read(ix, api, run)).astype(np.int64).reshape(ix.shape[0], -1)
+    bad = (iv < 0) | (iv >= dv.shape[1])
+    out = np.take_along_axis(dv, np.clip(iv, 0, dv.shape[1] - 1), axis=-1)
+    out = np.where(bad, np.float32(np.nan), out)
+    shape = _tile_shape(ix)
+    return result_tile(run, shape, dtype or d.dtype, out.reshape(shape), api, GPSIMD, (d, ix),
+                       _detail(d, ix), mask=_mask(mask, shape))
+
+
+def atomic_rmw(dst, value, op, *, mask=None, **kwargs):
+    """``nl.atomic_rmw(dst, value, op)``: ``dst = op(dst, value)`` on HBM, atomically ("only
+    supports np.add currently"; aws-neuron-sdk nki/test/test_nki_nl_atomic_rmw.py indexes ``dst``
+    with an SBUF index tile). Indices that repeat accumulate every contribution (atomic)."""
+    from .isa import _alu_name
+    from .indirect import accumulate_at
+    run = context.current()
+    api = "atomic_rmw"
+    if not isinstance(dst, Tensor) or dst.root.buffer != "hbm":
+        raise nki_error("err_unsupported_memory", param="dst", api=api, expected="hbm",
+                        got=getattr(getattr(dst, "root", None), "buffer", type(dst).__name__))
+    name = _alu_name(op, api)
+    if name != "add":
+        raise nki_error("nkisim_unsupported", what=f"atomic_rmw with {name}",
+                        why="the docs: 'only supports np.add currently'")
+    if isinstance(value, Tensor):
+        src = _tile(value, api, "value")
+        vals = fit(dtypes.to_f32(read(src, api, run)), dst.shape, src.shape)
+        reads = (region(src),)
+    else:
+        vals = np.full(dst.shape, np.float32(value))
+        reads = ()
+    accumulate_at(dst, vals, api, run, mask=_mask(mask, dst.shape))
+    nbytes = dst.size * dst.dtype.itemsize
+    run.record("dma_copy", DMA, reads + (region(dst),), (region(dst),), dtypes.name(dst.dtype),
+               _partitions(src) if isinstance(value, Tensor) else 1,
+               _free(src) if isinstance(value, Tensor) else dst.size,
+               {"bytes": nbytes, "src": "sbuf", "dst": "hbm", "rmw": True,
+                "row_bytes": nbytes // builtins.max(1, dst.shape[0]),
+                "rows": builtins.max(1, dst.shape[0])})

@@ -10,5 +10,6 @@ from .runtime import (  # noqa: F401
     jit,
     profile,
     simulate_kernel,
+    trace,
 )
 from .tensor import Tensor as tensor  # noqa: F401

@@ -110,6 +110,9 @@ def pytest_addoption(parser):
     group.addoption("--nki-report", default=None, metavar="PATH",
                     help="write the session's comparisons (per case and per kernel x dtype) "
                          "as JSON")
+    group.addoption("--nki-strict", action="store_true", default=False,
+                    help="strict mode (sets NKISIM_STRICT=1): documented NKI rules the device "
+                         "tolerates are errors, not warnings")
 
 
 def _is_worker(config) -> bool:
@@ -158,6 +161,8 @@ def pytest_configure(config):
     ):
         config.addinivalue_line("markers", line)
     config.stash[_FAILED_TWINS] = set()
+    if config.getoption("nki_strict", False):
+        os.environ["NKISIM_STRICT"] = "1"      # read by every nkisim run (xdist workers too)
     from .report import Report
     config.stash[_REPORT] = Report()
     if not _is_worker(config):
@@ -207,6 +212,25 @@ def pytest_configure(config):
     # only matters where device twins can run at all.
     if getattr(config.option, "dist", "no") == "load" and _device_backend(config).available():
         config.option.dist = "loadgroup"
+    elif getattr(config.option, "dist", "no") == "load" and not config.stash.get(_DIST_GIVEN,
+                                                                                  True):
+        # `-n N` without `--dist`: xdist's `load` hands tests out in fixed chunks, so the large
+        # conv2d cases could pile up on one worker (issue 12: `pytest -n 2` 131-136 s, `-n 1`
+        # 170 s); `worksteal` lets an idle worker take a busy one's pending tests (92-95 s).
+        # With the slow cases ordered first (pytest_collection_modifyitems) each worker
+        # starts on large cases and the small ones fill in at the end.
+        config.option.dist = "worksteal"
+
+
+_DIST_GIVEN = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_cmdline_main(config):
+    # before xdist turns `-n N` into `--dist load`: did the user choose a distribution mode?
+    config.stash[_DIST_GIVEN] = getattr(config.option, "dist", "no") != "no" or \
+        bool(getattr(config.option, "distload", False))
+    yield
 
 
 # ---- twins --------------------------------------------------------------------------------
@@ -293,6 +317,10 @@ def pytest_collection_modifyitems(session, config, items):
         if deselected:
             config.hook.pytest_deselected(items=deselected)
             items[:] = selected
+
+    # The slow cases first (stable: the rest keeps its order), the same on every xdist worker,
+    # so the large cases start early and the short ones balance the workers at the end.
+    items[:] = sorted(items, key=lambda item: item.get_closest_marker("slow") is None)
 
     # Each device twin right after its simulate twin, so the simulate outcome is known.
     twins = [i for i in items if _mode(i) is not None]

@@ -153,7 +153,8 @@ def _conv_inputs(params, dtype, seed, dist):
 
 def _conv_golden(X, W, bias, pool_size=1):
     from .reference.conv2d import conv2d_maxpool
-    return conv2d_maxpool(X, W, bias, pool_size=pool_size)
+    # float64 for fp32 kernels, float32 for 16-bit ones (reference.conv2d.golden_dtype)
+    return conv2d_maxpool(X, W, bias, pool_size=pool_size, dtype="auto")
 
 
 def _conv_baseline(X, W, bias, pool_size=1, dtype=None):
@@ -167,7 +168,7 @@ def _conv_scale(inputs, expected):
     if inputs.all_nonnegative:
         return expected
     from .reference.conv2d import conv2d_maxpool_scale
-    return conv2d_maxpool_scale(*inputs.args, **inputs.kwargs)
+    return conv2d_maxpool_scale(*inputs.args, dtype="auto", **inputs.kwargs)
 
 
 def _conv_reduction(params):

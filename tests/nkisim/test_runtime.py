@@ -63,7 +63,7 @@ def test_jit_rejects_unknown_mode():
         nki.jit(mode="cuda")(lambda a: a)
     assert ei.value.nki_code == "nkisim_invalid_argument"
     assert str(ei.value) == ("nki.jit: mode must be one of auto, jax, torchxla, baremetal, "
-                             "benchmark, simulation, got 'cuda'.")
+                             "benchmark, simulation, trace, got 'cuda'.")
 
 
 def test_platform_target_selects_the_architecture():

@@ -286,3 +286,32 @@ def test_twins_share_an_xdist_worker_under_loadgroup(pytester):
     reasons = [line for line in result.outlines if line.startswith("SKIPPED")]
     assert sum(int(line.split("[")[1].split("]")[0]) for line in reasons
                if "simulated twin failed" in line) == 4
+
+
+def test_xdist_defaults_to_worksteal_with_slow_cases_first(pytester):
+    # `-n 2` alone: worksteal (an idle worker takes a busy one's pending tests); an explicit
+    # --dist is kept. Slow cases are collected first, twins still adjacent.
+    pytester.makepyfile("""
+        import pytest
+
+        def test_fast():
+            pass
+
+        @pytest.mark.parametrize("x", [1, pytest.param(2, marks=pytest.mark.slow)])
+        def test_k(x, nki_backend):
+            pass
+    """)
+    result = pytester.runpytest_subprocess("-n", "2", "-v", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["*scheduling tests via WorkStealingScheduling*"])
+    result.assert_outcomes(passed=3, skipped=2)
+    explicit = pytester.runpytest_subprocess("-n", "2", "--dist", "load", "-v",
+                                             "-p", "no:cacheprovider")
+    explicit.stdout.fnmatch_lines(["*scheduling tests via LoadScheduling*"])
+    order = pytester.runpytest("--collect-only", "-q").outlines
+    assert [line for line in order if "::" in line] == [
+        "test_xdist_defaults_to_worksteal_with_slow_cases_first.py::test_k[2-simulate]",
+        "test_xdist_defaults_to_worksteal_with_slow_cases_first.py::test_k[2-device]",
+        "test_xdist_defaults_to_worksteal_with_slow_cases_first.py::test_fast",
+        "test_xdist_defaults_to_worksteal_with_slow_cases_first.py::test_k[1-simulate]",
+        "test_xdist_defaults_to_worksteal_with_slow_cases_first.py::test_k[1-device]",
+    ]

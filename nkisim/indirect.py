@@ -1,0 +1,153 @@
+"""Indirect (dynamic) indexing: an HBM tensor indexed by an SBUF tile of integers.
+
+``nl.load(data[idx_tile, i_f])``, ``nl.store(data[idx_tile[i_p, 0], i_f], ...)``,
+``nisa.dma_copy(src=t[idx_tile, iy], dst=..., oob_mode=...)``, ``nl.atomic_rmw(t[idx_tile, ix],
+...)`` (aws-neuron-sdk 1db4d74e nki/test/test_nki_nl_load_store_indirect.py,
+test_nki_isa_dma_copy.py, test_nki_nl_atomic_rmw.py; nki/api/nki/isa dma_copy's ``oob_mode``).
+
+The index tile's values are read when the view is made, which in an eager interpreter is when the
+DMA that uses it runs. The view is an ordinary advanced-index view; the index tiles it read are
+remembered (weakly) so the DMA's trace instruction lists them among the regions it reads.
+
+Out of bounds: with ``oob_mode.error`` (the default, and for nl.load/nl.store) the access raises
+``IndexError`` with the message AWS's doc tests expect, NumPy's for the flattened tensor: ``index
+66048 is out of bounds for axis 0 with size 65536`` (row 129 of a (128, 512) tensor; the first
+out-of-bound element in the index order). With ``oob_mode.skip`` those elements are not moved.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from . import dtypes
+from .errors import nki_error
+from .indexing import IndexExpr
+
+# view -> the index tiles it was made with
+INDEX_TILES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def has_tensor_index(key) -> bool:
+    from .tensor import Tensor
+    key = key if isinstance(key, tuple) else (key,)
+    return any(isinstance(k, Tensor) for k in key)
+
+
+def _index_values(t, run) -> np.ndarray:
+    from .tensor import read
+    if not dtypes.is_int(t.dtype):
+        raise nki_error("nkisim_operand_dtype", param="index", api="indirect indexing",
+                        dtype=dtypes.name(t.dtype), allowed="integer dtypes (int32, uint32...)")
+    if t.root.buffer == "hbm":
+        raise nki_error("err_unsupported_memory", param="index", api="indirect indexing",
+                        expected="sbuf", got="hbm")
+    v = np.asarray(read(t, "indirect indexing", run)).astype(np.int64)
+    if v.ndim == 1:
+        v = v.reshape(v.shape[0], 1)
+    return v
+
+
+def indirect_getitem(tensor, key):
+    """``tensor[key]`` where some index is an SBUF tile of integers."""
+    from . import context
+    from .tensor import Tensor
+    run = context.current()
+    key = key if isinstance(key, tuple) else (key,)
+    tiles = []
+    raw = []
+    new = []
+    for k in key:
+        if isinstance(k, Tensor):
+            v = _index_values(k, run)
+            tiles.append(k)
+            raw.append(v)
+            new.append(IndexExpr(v))
+        else:
+            raw.append(k.v if isinstance(k, IndexExpr) else None)
+            new.append(k)
+    view = tensor[tuple(new)]
+    INDEX_TILES[view] = tuple(tiles)
+    if view._oob is not None:
+        bad, _ = view._oob
+        view._oob = (bad, {"indirect": _oob_message(tensor, new, bad)})
+    return view
+
+
+def _oob_message(tensor, key, bad) -> str:
+    """NumPy's message for the first out-of-bound element of the flattened tensor."""
+    arr = tensor._arr
+    vals = [k.v if isinstance(k, IndexExpr) else np.asarray(k) for k in key]
+    shp = np.broadcast_shapes(*(np.shape(v) for v in vals if not isinstance(v, slice)))
+    unclipped = [np.broadcast_to(v, shp) for v in vals]
+    item = arr.itemsize
+    flat = np.zeros(shp, np.int64)
+    for v, st in zip(unclipped, arr.strides):
+        flat = flat + v * (st // item)
+    b = np.asarray(bad).reshape(bad.shape[:len(shp)] + (-1,)).any(axis=-1) \
+        if bad.ndim > len(shp) else np.broadcast_to(bad, shp)
+    first = int(flat[b].reshape(-1)[0]) if b.any() else int(flat.max())
+    return f"index {first} is out of bounds for axis 0 with size {arr.size}"
+
+
+def oob_error(fields) -> IndexError:
+    e = IndexError(fields["indirect"])
+    e.nki_code = "nkisim_indirect_out_of_bound"
+    return e
+
+
+def index_tiles(view) -> tuple:
+    try:
+        return INDEX_TILES.get(view, ())
+    except TypeError:
+        return ()
+
+
+def accumulate_at(dst, vals, api, run, mask=None) -> None:
+    """``dst += vals`` element by element, every contribution of a repeated index counted (an
+    atomic read-modify-write)."""
+    from . import checks
+    from .tensor import _check_oob, values, write
+    if dst._oob is not None:
+        _check_oob(dst, mask)
+    if dst._w is not None:
+        checks.check_read(run, dst, api, accumulate=True)
+    cur = dtypes.to_f32(values(dst))
+    vals = np.broadcast_to(vals, dst.shape)
+    if mask is not None:
+        vals = np.where(np.broadcast_to(mask, dst.shape), vals, 0)
+    if dst._idx is None:
+        write(dst, cur + vals, api, run=run, accumulate=True)
+        return
+    # repeated indices: sum every contribution into the root, then write the view
+    from .tensor import _full_idx
+    full = _full_idx(dst._idx, dst)
+    root_vals = dtypes.to_f32(dst._arr).copy()
+    np.add.at(root_vals, full, vals)
+    write(dst, root_vals[full], api, run=run, accumulate=True)
+
+
+def dynamic_index(name, x, y, run):
+    """``tile[0, i] + iy``: a runtime offset (one integer from an SBUF tile) plus an affine index
+    expression is an index expression whose values are known when the instruction runs
+    (aws-neuron-sdk nki/test/test_nki_isa_tensor_copy_dynamic.py:
+    ``src_sbuf[ix, offsets_sbuf[0, idx] + iy]``)."""
+    from .tensor import Tensor, read
+    vals = []
+    for t in (x, y):
+        if isinstance(t, IndexExpr):
+            vals.append(t.v)
+        elif isinstance(t, Tensor):
+            if t.size != 1 or t.root.buffer == "hbm" or not dtypes.is_int(t.dtype):
+                raise nki_error("nkisim_invalid_argument", api="dynamic index",
+                                why=f"an index expression can only be combined with one integer "
+                                    f"element of an SBUF tile, got `{t.name}` "
+                                    f"{list(t.shape)} {dtypes.name(t.dtype)}")
+            vals.append(int(np.asarray(read(t, "dynamic index", run)).reshape(-1)[0]))
+        elif isinstance(t, (int, np.integer)) and not isinstance(t, bool):
+            vals.append(int(t))
+        else:
+            raise nki_error("err_unsupported_expression_in_mask")
+    fn = {"add": np.add, "subtract": np.subtract, "multiply": np.multiply}[name]
+    return IndexExpr(fn(np.asarray(vals[0]), np.asarray(vals[1])))
