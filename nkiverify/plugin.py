@@ -79,7 +79,7 @@ else:
     # loads another profile (its conftest) changes it, and then we leave it alone
     _INITIAL_PROFILE = getattr(settings, "_current_profile", None)
 
-_OPTIONS = ("nki_kernel", "nki_backend", "nki_target", "nki_dtypes", "nki_report",
+_OPTIONS = ("nki_kernel", "nki_backend", "nki_target", "nki_dtypes", "nki_report", "nki_strict",
             "nki_contract")
 _MARKERS = {
     "simulate": "simulate: kernel test that runs without a device (nkisim or neuronx-cc "
@@ -319,8 +319,10 @@ def pytest_collection_modifyitems(session, config, items):
             items[:] = selected
 
     # The slow cases first (stable: the rest keeps its order), the same on every xdist worker,
-    # so the large cases start early and the short ones balance the workers at the end.
-    items[:] = sorted(items, key=lambda item: item.get_closest_marker("slow") is None)
+    # so the large cases start early and the short ones balance the workers at the end. Only in
+    # an opted-in project: elsewhere `slow` is the project's own marker and its order its own.
+    if config.stash.get(_OPTED_IN, False):
+        items[:] = sorted(items, key=lambda item: item.get_closest_marker("slow") is None)
 
     # Each device twin right after its simulate twin, so the simulate outcome is known.
     twins = [i for i in items if _mode(i) is not None]

@@ -290,7 +290,8 @@ def test_twins_share_an_xdist_worker_under_loadgroup(pytester):
 
 def test_xdist_defaults_to_worksteal_with_slow_cases_first(pytester):
     # `-n 2` alone: worksteal (an idle worker takes a busy one's pending tests); an explicit
-    # --dist is kept. Slow cases are collected first, twins still adjacent.
+    # --dist is kept. Slow cases are collected first, twins still adjacent (opted-in projects).
+    pytester.makeini(OPT_IN)
     pytester.makepyfile("""
         import pytest
 

@@ -80,16 +80,21 @@ def test_nki_contract_is_course_for_a_users_kernel(pytester, tmp_path):
     assert "CONTRACT hardware hardware" in r.stdout.str()
 
 
-def test_parallel_run_prints_in_the_same_order(capsys):
-    args = ["--cases", "naive-n64,stream-n384,transpose-1024x384", "--dtypes", "float16"]
-    assert cli.main([*args, "-j", "1"]) == 0
-    serial = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(
-        ("naive-", "stream-", "transpose-"))]
-    assert cli.main([*args, "-j", "2"]) == 0
-    parallel = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(
-        ("naive-", "stream-", "transpose-"))]
-    assert [ln.split()[:4] for ln in serial] == [ln.split()[:4] for ln in parallel]
-    assert [ln.split()[0] for ln in serial] == ["naive-n64", "stream-n384", "transpose-1024x384"]
+def test_parallel_run_prints_in_the_same_order():
+    import subprocess
+    import sys
+    args = [sys.executable, "-m", "nkiverify.cli", "--cases",
+            "naive-n64,stream-n384,transpose-1024x384", "--dtypes", "float16"]
+
+    def rows(jobs):
+        r = subprocess.run([*args, "-j", jobs], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return [ln.split()[:4] for ln in r.stdout.splitlines()
+                if ln.startswith(("naive-", "stream-", "transpose-"))]
+
+    serial, parallel = rows("1"), rows("2")
+    assert serial == parallel
+    assert [r[0] for r in serial] == ["naive-n64", "stream-n384", "transpose-1024x384"]
 
 
 def test_bench_takes_a_kernel_reference(tmp_path, capsys, monkeypatch):
