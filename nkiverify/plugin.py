@@ -56,6 +56,7 @@ MODES = ("simulate", "device")
 _FAILED_TWINS = pytest.StashKey[set]()
 _REPORT = pytest.StashKey[object]()
 _OPTED_IN = pytest.StashKey[bool]()
+_SAVED_KERNELS = pytest.StashKey[dict]()
 _COLLECTOR = "nkiverify-report-collector"
 PROFILES = ("nki-ci", "nki-dev", "nki-thorough")
 
@@ -183,6 +184,9 @@ def pytest_configure(config):
     refs = config.getoption("nki_kernel") or ()
     if refs:
         from . import registry
+        # restored at unconfigure: an in-process session (pytester) must not leave the
+        # user's kernel registered in the process that ran it
+        config.stash[_SAVED_KERNELS] = dict(registry.KERNELS)
         for ref in refs:
             try:
                 registry.use_kernel(ref)
@@ -601,6 +605,11 @@ def _sorted(report):
 
 
 def pytest_unconfigure(config):
+    saved = config.stash.get(_SAVED_KERNELS, None)
+    if saved is not None:
+        from . import registry
+        registry.KERNELS.clear()
+        registry.KERNELS.update(saved)
     plugin = config.pluginmanager.get_plugin(_COLLECTOR)
     if plugin is not None:
         config.pluginmanager.unregister(plugin)

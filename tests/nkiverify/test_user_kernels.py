@@ -73,8 +73,12 @@ def test_nki_contract_is_course_for_a_users_kernel(pytester, tmp_path):
     """)
     conv = tmp_path / "conv2d.py"
     conv.write_text("def fused_conv2d_maxpool(X, W, bias, pool_size=1):\n    pass\n")
+    from nkiverify import registry
+    before = dict(registry.KERNELS)
     r = pytester.runpytest("-s", "--nki-kernel", f"{conv}:fused_conv2d_maxpool")
     assert "CONTRACT course hardware" in r.stdout.str()
+    # the in-process session left this process's registry as it was
+    assert registry.KERNELS == before
     r = pytester.runpytest("-s", "--nki-contract", "hardware", "--nki-kernel",
                            f"{conv}:fused_conv2d_maxpool")
     assert "CONTRACT hardware hardware" in r.stdout.str()
