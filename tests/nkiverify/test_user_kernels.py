@@ -42,11 +42,21 @@ def test_nki_verify_takes_a_kernel_object_or_a_path(pytester):
         def test_reference(nki_verify):
             nki_verify("naive=bad_kernels.py:forgets_b", {"n": 64}, "float32")
     """)
-    result = pytester.runpytest("-m", "simulate", "-p", "no:cacheprovider")
+    result = pytester.runpytest_subprocess("-m", "simulate", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, failed=2, deselected=3)
     out = result.stdout.str()
     assert "forgets_b" in out and "beyond tolerance" in out
     assert "reproduce: nki-verify case naive --params n=64" in out
+
+
+def test_an_in_process_session_leaves_the_registry_as_it_was(pytester, tmp_path):
+    from nkiverify import registry
+    conv = tmp_path / "conv2d.py"
+    conv.write_text("def fused_conv2d_maxpool(X, W, bias, pool_size=1):\n    pass\n")
+    before = dict(registry.KERNELS)
+    pytester.makepyfile("def test_a():\n    pass\n")
+    pytester.runpytest("--nki-kernel", f"{conv}:fused_conv2d_maxpool").assert_outcomes(passed=1)
+    assert registry.KERNELS == before
 
 
 def test_nki_kernel_option_replaces_the_family_in_shipped_style_tests(pytester):
@@ -73,13 +83,9 @@ def test_nki_contract_is_course_for_a_users_kernel(pytester, tmp_path):
     """)
     conv = tmp_path / "conv2d.py"
     conv.write_text("def fused_conv2d_maxpool(X, W, bias, pool_size=1):\n    pass\n")
-    from nkiverify import registry
-    before = dict(registry.KERNELS)
-    r = pytester.runpytest("-s", "--nki-kernel", f"{conv}:fused_conv2d_maxpool")
+    r = pytester.runpytest_subprocess("-s", "--nki-kernel", f"{conv}:fused_conv2d_maxpool")
     assert "CONTRACT course hardware" in r.stdout.str()
-    # the in-process session left this process's registry as it was
-    assert registry.KERNELS == before
-    r = pytester.runpytest("-s", "--nki-contract", "hardware", "--nki-kernel",
+    r = pytester.runpytest_subprocess("-s", "--nki-contract", "hardware", "--nki-kernel",
                            f"{conv}:fused_conv2d_maxpool")
     assert "CONTRACT hardware hardware" in r.stdout.str()
 
