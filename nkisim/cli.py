@@ -6,8 +6,8 @@
 
 Options for ``run``: ``--target trn1|trn2`` (sets NKISIM_TARGET), ``--checks SPEC`` (sets
 NKISIM_CHECKS, e.g. ``-races``), ``--strict`` (sets NKISIM_STRICT=1: documented NKI rules the
-device tolerates are errors, not warnings), ``--force`` (serve nkisim even if a real
-neuronx-cc exists).
+device tolerates are errors, not warnings), ``--force`` (serve nkisim even if a real neuronx-cc
+exists).
 """
 
 from __future__ import annotations

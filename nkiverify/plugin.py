@@ -56,6 +56,7 @@ MODES = ("simulate", "device")
 _FAILED_TWINS = pytest.StashKey[set]()
 _REPORT = pytest.StashKey[object]()
 _OPTED_IN = pytest.StashKey[bool]()
+_SAVED_KERNELS = pytest.StashKey[dict]()
 _COLLECTOR = "nkiverify-report-collector"
 PROFILES = ("nki-ci", "nki-dev", "nki-thorough")
 
@@ -79,7 +80,7 @@ else:
     # loads another profile (its conftest) changes it, and then we leave it alone
     _INITIAL_PROFILE = getattr(settings, "_current_profile", None)
 
-_OPTIONS = ("nki_kernel", "nki_backend", "nki_target", "nki_dtypes", "nki_report",
+_OPTIONS = ("nki_kernel", "nki_backend", "nki_target", "nki_dtypes", "nki_report", "nki_strict",
             "nki_contract")
 _MARKERS = {
     "simulate": "simulate: kernel test that runs without a device (nkisim or neuronx-cc "
@@ -183,6 +184,9 @@ def pytest_configure(config):
     refs = config.getoption("nki_kernel") or ()
     if refs:
         from . import registry
+        # restored at unconfigure: an in-process session (pytester) must not leave the
+        # user's kernel registered in the process that ran it
+        config.stash[_SAVED_KERNELS] = dict(registry.KERNELS)
         for ref in refs:
             try:
                 registry.use_kernel(ref)
@@ -319,8 +323,10 @@ def pytest_collection_modifyitems(session, config, items):
             items[:] = selected
 
     # The slow cases first (stable: the rest keeps its order), the same on every xdist worker,
-    # so the large cases start early and the short ones balance the workers at the end.
-    items[:] = sorted(items, key=lambda item: item.get_closest_marker("slow") is None)
+    # so the large cases start early and the short ones balance the workers at the end. Only in
+    # an opted-in project: elsewhere `slow` is the project's own marker and its order its own.
+    if config.stash.get(_OPTED_IN, False):
+        items[:] = sorted(items, key=lambda item: item.get_closest_marker("slow") is None)
 
     # Each device twin right after its simulate twin, so the simulate outcome is known.
     twins = [i for i in items if _mode(i) is not None]
@@ -348,10 +354,10 @@ NKI_FIXTURES = ("nki_verify", "nki_backend", "nki_check", "nki_report", "nki_tar
 
 def _let_given_tests_use_nki_fixtures(items) -> None:
     """A ``@given`` test that requests nki fixtures (the README recipe) would fail hypothesis's
-    function-scoped-fixture health check (and its deadline); those fixtures hold no per-example state (a backend,
-    a recorder that replaces a replayed case's record), so that check is suppressed for exactly
-    those tests (when every function-scoped fixture they request is ours), whatever the
-    project's hypothesis profile."""
+    function-scoped-fixture health check (and its deadline); those fixtures hold no per-example
+    state (a backend, a recorder that replaces a replayed case's record), so that check is
+    suppressed for exactly those tests (when every function-scoped fixture they request is
+    ours), whatever the project's hypothesis profile."""
     if settings is None:
         return
     for item in items:
@@ -599,6 +605,11 @@ def _sorted(report):
 
 
 def pytest_unconfigure(config):
+    saved = config.stash.get(_SAVED_KERNELS, None)
+    if saved is not None:
+        from . import registry
+        registry.KERNELS.clear()
+        registry.KERNELS.update(saved)
     plugin = config.pluginmanager.get_plugin(_COLLECTOR)
     if plugin is not None:
         config.pluginmanager.unregister(plugin)

@@ -245,6 +245,8 @@ def test_strict_mode_from_the_environment_the_cli_and_pytest(tmp_path):
     # the project opts into the nkiverify plugin (which serves the neuronxcc shim)
     (tmp_path / "pytest.ini").write_text("[pytest]\nnki_verify = true\n")
     test = tmp_path / "test_k.py"
+    # the project opts into the nkiverify plugin (issue 9: it is inert elsewhere, no shim)
+    (tmp_path / "pytest.ini").write_text("[pytest]\nnki_verify = true\n")
     test.write_text("import runpy\n"
                     f"def test_k():\n    runpy.run_path({str(script)!r})\n")
     base = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test),

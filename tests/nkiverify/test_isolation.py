@@ -48,8 +48,8 @@ def test_install_adds_only_nkisim_and_nkiverify(wheel, tmp_path):
     env = dict(os.environ, PYTHONPATH=f"{project}{os.pathsep}{site}")
     code = ("import nkiverify.cli, nkiverify.registry as r, kernels, fixtures\n"
             "assert kernels.vector_add_tiled() == 'mine' and fixtures.OWN\n"
-            "assert nkiverify.cli.__file__.startswith(%r)\n"
-            "print(r.KERNELS['conv2d'].import_path)\n" % str(site))
+            f"assert nkiverify.cli.__file__.startswith({str(site)!r})\n"
+            "print(r.KERNELS['conv2d'].import_path)\n")
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=project,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

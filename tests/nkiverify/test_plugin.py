@@ -289,10 +289,9 @@ def test_twins_share_an_xdist_worker_under_loadgroup(pytester):
 
 
 def test_xdist_defaults_to_worksteal_with_slow_cases_first(pytester):
-    # `-n N` alone: worksteal (an idle worker takes a busy one's pending tests); an explicit
-    # --dist is kept. Slow cases are collected first, twins still adjacent. (Only in a project
-    # that opted in: the plugin is inert elsewhere.)
-    pytester.makeini("[pytest]\nnki_verify = true\n")
+    # `-n 2` alone: worksteal (an idle worker takes a busy one's pending tests); an explicit
+    # --dist is kept. Slow cases are collected first, twins still adjacent (opted-in projects).
+    pytester.makeini(OPT_IN)
     pytester.makepyfile("""
         import pytest
 

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_student import _checkout
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,0 +1,125 @@
+"""Kernels by reference: nki_verify(kernel=...) with a path or a kernel object, --nki-kernel,
+nki-verify run -j N and bench --kernel."""
+
+import pytest
+
+from nkiverify import cli, registry
+
+pytest_plugins = ["pytester"]
+
+OPT_IN = "[pytest]\nnki_verify = true\n"
+
+FORGETS_B = '''
+import neuronxcc.nki as nki
+import neuronxcc.nki.isa as nisa
+import neuronxcc.nki.language as nl
+
+
+@nki.jit
+def forgets_b(a_vec, b_vec):
+    out = nl.ndarray(a_vec.shape, dtype=a_vec.dtype, buffer=nl.hbm)
+    a = nl.ndarray((a_vec.shape[0], 1), dtype=a_vec.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(src=a_vec, dst=a)
+    nisa.dma_copy(src=a, dst=out)
+    return out
+'''
+
+
+def test_nki_verify_takes_a_kernel_object_or_a_path(pytester):
+    pytester.makeini(OPT_IN)
+    pytester.makepyfile(bad_kernels=FORGETS_B)
+    pytester.makepyfile(test_k="""
+        from nkiverify.kernels.vector_add import vector_add_stream
+
+        def test_object(nki_verify):
+            out = nki_verify(kernel=vector_add_stream, params={"n": 384}, dtype="float16")
+            assert out.passed
+
+        def test_path_with_family(nki_verify):
+            nki_verify(kernel="bad_kernels.py:forgets_b", family="naive", params={"n": 64},
+                       dtype="float32")
+
+        def test_reference(nki_verify):
+            nki_verify("naive=bad_kernels.py:forgets_b", {"n": 64}, "float32")
+    """)
+    result = pytester.runpytest_subprocess("-m", "simulate", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1, failed=2, deselected=3)
+    out = result.stdout.str()
+    assert "forgets_b" in out and "beyond tolerance" in out
+    assert "reproduce: nki-verify case naive --params n=64" in out
+
+
+def test_an_in_process_session_leaves_the_registry_as_it_was(pytester, tmp_path):
+    from nkiverify import registry
+    conv = tmp_path / "conv2d.py"
+    conv.write_text("def fused_conv2d_maxpool(X, W, bias, pool_size=1):\n    pass\n")
+    before = dict(registry.KERNELS)
+    pytester.makepyfile("def test_a():\n    pass\n")
+    pytester.runpytest("--nki-kernel", f"{conv}:fused_conv2d_maxpool").assert_outcomes(passed=1)
+    assert registry.KERNELS == before
+
+
+def test_nki_kernel_option_replaces_the_family_in_shipped_style_tests(pytester):
+    pytester.makepyfile(bad_kernels=FORGETS_B)
+    pytester.makepyfile(test_k="""
+        def test_naive(nki_verify):
+            nki_verify("naive", {"n": 64}, "float32")
+    """)
+    ours = pytester.runpytest_subprocess("-m", "simulate", "-p", "no:cacheprovider")
+    ours.assert_outcomes(passed=1, deselected=1)
+    theirs = pytester.runpytest_subprocess("-m", "simulate", "-p", "no:cacheprovider",
+                                "--nki-kernel", "naive=bad_kernels.py:forgets_b")
+    theirs.assert_outcomes(failed=1, deselected=1)
+    bad = pytester.runpytest_subprocess("--nki-kernel", "mine.py:nope")
+    assert bad.ret == 4
+    assert "--nki-kernel" in bad.stderr.str() and "not one of the course's functions" in \
+        bad.stderr.str()
+
+
+def test_nki_contract_is_course_for_a_users_kernel(pytester, tmp_path):
+    pytester.makepyfile(test_c="""
+        def test_c(nki_contract):
+            print("CONTRACT", nki_contract("conv2d"), nki_contract("naive"))
+    """)
+    conv = tmp_path / "conv2d.py"
+    conv.write_text("def fused_conv2d_maxpool(X, W, bias, pool_size=1):\n    pass\n")
+    r = pytester.runpytest_subprocess("-s", "--nki-kernel", f"{conv}:fused_conv2d_maxpool")
+    assert "CONTRACT course hardware" in r.stdout.str()
+    r = pytester.runpytest_subprocess("-s", "--nki-contract", "hardware", "--nki-kernel",
+                           f"{conv}:fused_conv2d_maxpool")
+    assert "CONTRACT hardware hardware" in r.stdout.str()
+
+
+def test_parallel_run_prints_in_the_same_order():
+    import subprocess
+    import sys
+    args = [sys.executable, "-m", "nkiverify.cli", "--cases",
+            "naive-n64,stream-n384,transpose-1024x384", "--dtypes", "float16"]
+
+    def rows(jobs):
+        r = subprocess.run([*args, "-j", jobs], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        return [ln.split()[:4] for ln in r.stdout.splitlines()
+                if ln.startswith(("naive-", "stream-", "transpose-"))]
+
+    serial, parallel = rows("1"), rows("2")
+    assert serial == parallel
+    assert [r[0] for r in serial] == ["naive-n64", "stream-n384", "transpose-1024x384"]
+
+
+def test_bench_takes_a_kernel_reference(tmp_path, capsys, monkeypatch):
+    from pathlib import Path
+    monkeypatch.setattr(registry, "KERNELS", dict(registry.KERNELS))
+    path = tmp_path / "kernels.py"
+    path.write_text((Path(__file__).resolve().parents[2] / "kernels" / "transpose.py").read_text())
+    assert cli.main(["bench", "--kernel", f"{path}:matrix_transpose", "-n", "256"]) == 0
+    out = capsys.readouterr().out
+    assert f"transpose ({path}:matrix_transpose) 256x256 float32" in out
+    assert "estimated latency" in out
+
+
+def test_spec_for_names_what_it_cannot_resolve():
+    with pytest.raises(registry.KernelRefError, match="cannot tell which kernel family"):
+        registry.spec_for(lambda x: x)
+    with pytest.raises(registry.KernelRefError, match="unknown kernel 'nope'"):
+        registry.parse_kernel_ref("nope=x.py:f")
