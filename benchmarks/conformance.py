@@ -137,8 +137,9 @@ def run_pytest(corpus: str, cwd: str, targets: list, pythonpath: list, extra: li
         proc = subprocess.run(cmd, cwd=cwd, env=_env([*pythonpath, plug]), capture_output=True,
                               text=True, timeout=timeout)
         out = proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as e:
-        out = f"TIMEOUT after {timeout:.0f} s\n{e.stdout or ''}"
+    except subprocess.TimeoutExpired:
+        return {"(pytest)": FileResult("(pytest)", failed=1,
+                                       errors=[("pytest", f"TIMEOUT after {timeout:.0f} s")])}
     results: dict = {}
     if not os.path.exists(report):
         results["(pytest)"] = FileResult("(pytest)", failed=1,
@@ -179,15 +180,38 @@ def run_pytest(corpus: str, cwd: str, targets: list, pythonpath: list, extra: li
     return results
 
 
+def _per_file(corpus, cwd, files, extra_targets, pythonpath, args) -> dict:
+    """One pytest process per test file (a timeout or a crash costs that file only), ``--jobs``
+    of them at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(f):
+        return run_pytest(corpus, cwd, [f, *extra_targets], pythonpath, args.pytest_args,
+                          args.timeout)
+
+    results: dict = {}
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for f, res in zip(files, pool.map(one, files)):
+            if "(pytest)" in res:                  # no report: the run timed out or crashed
+                key = os.path.basename(f)
+                n = EXPECTED.get(corpus, {}).get(key) or _static_count(os.path.join(cwd, f))
+                res = {key: FileResult(key, failed=n, errors=res["(pytest)"].errors)}
+            results.update(res)
+    return results
+
+
 def nki_samples_tests(root: str, args) -> dict:
-    return run_pytest("nki-samples", root, ["test/unit", "--simulation-only"],
-                      [os.path.join(root, "src")], args.pytest_args, args.timeout)
+    tdir = os.path.join(root, "test", "unit")
+    files = sorted(os.path.join("test", "unit", f) for f in os.listdir(tdir)
+                   if f.startswith("test_") and f.endswith(".py"))
+    return _per_file("nki-samples", root, files, ["--simulation-only"],
+                     [os.path.join(root, "src")], args)
 
 
 def sdk_tests(root: str, args) -> dict:
     tdir = os.path.join(root, "nki", "test")
     files = sorted(f for f in os.listdir(tdir) if f.startswith("test_") and f.endswith(".py"))
-    return run_pytest("sdk-tests", tdir, files, [], args.pytest_args, args.timeout)
+    return _per_file("sdk-tests", tdir, files, [], [], args)
 
 
 def tutorial_scripts(root: str) -> list:
@@ -259,7 +283,9 @@ def main(argv=None) -> int:
     p.add_argument("--tutorials", action=argparse.BooleanOptionalAction, default=True,
                    help="also run the nki-samples tutorial scripts (default: yes)")
     p.add_argument("--timeout", type=float, default=3600,
-                   help="seconds per pytest run / tutorial script (default 3600)")
+                   help="seconds per test file / tutorial script (default 3600)")
+    p.add_argument("-j", "--jobs", type=int, default=1,
+                   help="test files run at the same time (default 1; each may need GBs)")
     p.add_argument("-k", dest="select", help="pytest -k expression (both corpora)")
     args = p.parse_args(argv)
     args.pytest_args = ["-k", args.select] if args.select else []
