@@ -162,8 +162,10 @@ def run_pytest(corpus: str, cwd: str, targets: list, pythonpath: list, extra: li
                                        errors=[("pytest", f"TIMEOUT after {timeout:.0f} s")])}
     results: dict = {}
     if not os.path.exists(report):
-        results["(pytest)"] = FileResult("(pytest)", failed=1,
-                                         errors=[("pytest", _error_line(out))])
+        why = _error_line(out)
+        if proc.returncode < 0:
+            why = f"killed by signal {-proc.returncode} (out of memory?)"
+        results["(pytest)"] = FileResult("(pytest)", failed=1, errors=[("pytest", why)])
         return results
     root = ET.parse(report).getroot()
     for case in root.iter("testcase"):
@@ -200,23 +202,65 @@ def run_pytest(corpus: str, cwd: str, targets: list, pythonpath: list, extra: li
     return results
 
 
+def _node_ids(cwd, target, extra_targets, pythonpath) -> list:
+    """The test ids pytest collects from one file (empty if it cannot even collect)."""
+    plug = _plugin_dir()
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p",
+           "_nkisim_conformance_plugin", "--co", "-q", target, *extra_targets]
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, env=_env([*pythonpath, plug]), capture_output=True,
+                              text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return []
+    return [ln.strip() for ln in proc.stdout.splitlines() if "::" in ln and
+            ln.strip().startswith(target)]
+
+
+def _merge(into: dict, res: dict) -> None:
+    for key, r in res.items():
+        cur = into.setdefault(key, FileResult(key))
+        cur.passed += r.passed
+        cur.failed += r.failed
+        cur.errors.extend(r.errors)
+
+
 def _per_file(corpus, cwd, files, extra_targets, pythonpath, args) -> dict:
-    """One pytest process per test file (a timeout or a crash costs that file only), ``--jobs``
-    of them at a time."""
+    """One pytest process per test file (a timeout costs that file only), ``--jobs`` of them at
+    a time; when a file's process dies (the memory big simulations leave behind), each of its
+    tests runs again in its own process."""
     from concurrent.futures import ThreadPoolExecutor
 
-    def one(f):
-        return run_pytest(corpus, cwd, [f, *extra_targets], pythonpath, args.pytest_args,
-                          args.timeout)
+    def one_file(f):
+        res = run_pytest(corpus, cwd, [f, *extra_targets], pythonpath, args.pytest_args,
+                         args.timeout)
+        if "(pytest)" in res and "killed" in res["(pytest)"].errors[0][1]:
+            # the process died (out of memory): each test again in its own process
+            ids = _node_ids(cwd, f, extra_targets, pythonpath)
+            if ids:
+                out: dict = {}
+                for i in ids:
+                    _merge(out, one((f, i)))
+                return out
+        return one((f, f), res)
+
+    def one(job, res=None):
+        f, target = job
+        if res is None:
+            res = run_pytest(corpus, cwd, [target, *extra_targets], pythonpath,
+                             args.pytest_args, args.timeout)
+        if "(pytest)" in res:                      # no report: the run timed out or crashed
+            key = os.path.basename(f)
+            n = 1 if target != f else (EXPECTED.get(corpus, {}).get(key) or
+                                       _static_count(os.path.join(cwd, f)))
+            name = target.split("::")[-1] if target != f else "(file)"
+            err = res["(pytest)"].errors[0][1]
+            res = {key: FileResult(key, failed=n, errors=[(name, err)])}
+        return res
 
     results: dict = {}
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for f, res in zip(files, pool.map(one, files)):
-            if "(pytest)" in res:                  # no report: the run timed out or crashed
-                key = os.path.basename(f)
-                n = EXPECTED.get(corpus, {}).get(key) or _static_count(os.path.join(cwd, f))
-                res = {key: FileResult(key, failed=n, errors=res["(pytest)"].errors)}
-            results.update(res)
+        for res in pool.map(one_file, files):
+            _merge(results, res)
     return results
 
 
