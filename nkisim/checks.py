@@ -261,24 +261,28 @@ def _check_initialized(run, t, w, api) -> None:
                     count=int(unwritten.sum()), total=int(w.size))
 
 
-def check_read(run, t, api: str, accumulate: bool = False) -> None:
+def check_read(run, t, api: str, accumulate: bool = False, uninit: bool = True) -> None:
     """Before an instruction reads view ``t``: uninitialized elements, out-of-scope tiles and
-    loop-carried dependencies (not for the ``+=`` matmul accumulation: ``accumulate``)."""
+    loop-carried dependencies (not for an associative accumulation, ``accumulate``: the ``+=``
+    matmul accumulation, or ``acc += x`` while ``run.assoc`` is its tensor). ``uninit=False``
+    skips the uninitialized-read check (the caller tracks those values instead, see
+    ``nkisim.tensor.read``)."""
     root = t.root
     if root.live is None and "scope" in run.checks:
         raise _scope_error(run, t)
-    racy = () if accumulate else _racy_loops(run, root)
+    racy = () if accumulate or root is run.assoc else _racy_loops(run, root)
     w = shadow_view(t)
     if not w.size:
         return
+    uninit = uninit and "uninit" in run.checks
     if not racy:
-        if "uninit" in run.checks:
+        if uninit:
             _check_initialized(run, t, w, api)
         return
     lo, hi = _bounds(t, w)
     if lo >= run.epoch:
         return                                  # written in this iteration (or nested loops)
-    if lo == 0 and "uninit" in run.checks:
+    if lo == 0 and uninit:
         _check_initialized(run, t, w, api)
     hit = _find_race(run, w, lo, hi, racy)
     if hit is None:
@@ -309,7 +313,7 @@ def check_write(run, t, api: str, accumulate: bool) -> bool:
         lo, hi = _bounds(t, w) if w.size else (epoch, epoch)
         hit = _find_race(run, w, lo, hi, racy) if lo < epoch else None
         if hit is not None:
-            if accumulate:
+            if accumulate or root is run.assoc:
                 if covers:
                     root.full = True
                 return True                     # keep the group's first epoch (module doc)

@@ -5,7 +5,9 @@
     nkisim info                      targets, the shim's state, the enabled checks
 
 Options for ``run``: ``--target trn1|trn2`` (sets NKISIM_TARGET), ``--checks SPEC`` (sets
-NKISIM_CHECKS, e.g. ``-races``), ``--force`` (serve nkisim even if a real neuronx-cc exists).
+NKISIM_CHECKS, e.g. ``-races``), ``--strict`` (sets NKISIM_STRICT=1: documented NKI rules the
+device tolerates are errors, not warnings), ``--force`` (serve nkisim even if a real
+neuronx-cc exists).
 """
 
 from __future__ import annotations
@@ -18,13 +20,39 @@ import sys
 from . import __version__
 
 
+class _UsageError(Exception):
+    pass
+
+
+def _validate_env(args) -> None:
+    """NKISIM_TARGET / --target and NKISIM_CHECKS / --checks, before anything runs."""
+    from .arch import get_arch
+    target = getattr(args, "target", None) or os.environ.get("NKISIM_TARGET")
+    if target:
+        try:
+            get_arch(target)
+        except ValueError as exc:
+            where = "--target" if getattr(args, "target", None) else "NKISIM_TARGET"
+            raise _UsageError(f"{where}: {exc}") from None
+    checks = getattr(args, "checks", None)
+    where = "--checks"
+    if checks is None:
+        checks, where = os.environ.get("NKISIM_CHECKS"), "NKISIM_CHECKS"
+    if checks is not None:
+        from .context import parse_checks
+        try:
+            parse_checks(checks)
+        except ValueError as exc:
+            raise _UsageError(f"{where} {checks!r}: {exc}") from None
+
+
 def _run(args) -> int:
     if args.target:
         os.environ["NKISIM_TARGET"] = args.target
     if args.checks is not None:
-        from .context import parse_checks
-        parse_checks(args.checks)           # validate early, with a clear message
         os.environ["NKISIM_CHECKS"] = args.checks
+    if args.strict:
+        os.environ["NKISIM_STRICT"] = "1"
     from . import shim
     if not shim.install(force=args.force or None):
         print("nkisim: a real neuronx-cc is installed; running with it (use --force to "
@@ -53,16 +81,25 @@ def _info(args) -> int:
     print(f"real neuronx-cc importable: {shim.real_neuronxcc_available()}")
     checks = parse_checks(os.environ.get("NKISIM_CHECKS"))
     print(f"checks: {', '.join(c for c in ALL_CHECKS if c in checks) or 'none'}")
+    from .context import strict_from_env
+    print(f"strict mode (NKISIM_STRICT): {'on' if strict_from_env() else 'off'}")
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):           # one line, naming the argument; exit status 2
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} -h)\n")
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="nkisim", description="Run NKI kernels without a device.")
+    p = _Parser(prog="nkisim", description="Run NKI kernels without a device.")
     p.add_argument("--version", action="version", version=f"nkisim {__version__}")
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
     r = sub.add_parser("run", help="run an unmodified NKI script on nkisim")
     r.add_argument("--target", choices=["trn1", "trn2"], help="simulated target (default trn2)")
     r.add_argument("--checks", help="checks to run: all, none, a list, or -name to drop one")
+    r.add_argument("--strict", action="store_true",
+                   help="documented NKI rules the device tolerates are errors (NKISIM_STRICT=1)")
     r.add_argument("--force", action="store_true", help="use nkisim even if neuronx-cc exists")
     r.add_argument("script")
     r.add_argument("args", nargs=argparse.REMAINDER)
@@ -70,6 +107,11 @@ def main(argv=None) -> int:
     i = sub.add_parser("info", help="show targets, shim state and checks")
     i.set_defaults(fn=_info)
     args = p.parse_args(argv)
+    try:
+        _validate_env(args)
+    except _UsageError as exc:
+        print(f"nkisim {args.cmd}: error: {exc}", file=sys.stderr)
+        return 2
     return args.fn(args)
 
 

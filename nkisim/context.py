@@ -103,6 +103,10 @@ class Run:
     multi_buffer: int = 1
     spmd: object = None                               # the grid's pseudo-Loop (kind "spmd")
     par_cache: tuple = (0, ())                        # (epoch, parallel loops): nkisim.checks
+    assoc: object = None                              # Allocation under `acc += x` (checks)
+    strict: bool = False                              # NKISIM_STRICT=1: tolerated rules raise
+    taint: object = None                              # uninitialized values read by the current
+    #                                                   instruction (nkisim.tensor.read/write)
     rng: object = None                                # nl.rand / dropout generator (nl._rng)
     vector_acc: dict = field(default_factory=dict)    # VectorE accumulators (isa._accumulate)
 
@@ -136,6 +140,7 @@ class Run:
                       detail if detail is not None else {},
                       tuple((lp.id, lp.kind, lp.iteration) for lp in self.loops), file, line)
         self.trace.append(instr)
+        self.taint = None                  # the instruction is complete (nkisim.tensor.read)
         mem = self.memory
         if mem.pending is not None:
             mem.instruction_recorded()
@@ -155,7 +160,25 @@ class Run:
             return
         self.warned.add(site)
         import warnings
-        warnings.warn_explicit(message, errors.NKIWarning, file or "<kernel>", line or 0)
+        warnings.warn_explicit(errors.SUSPICIOUS_PREFIX + message, errors.NKIWarning,
+                               file or "<kernel>", line or 0)
+
+    def rule(self, key, what: str, rule: str, link: str) -> None:
+        """A documented NKI rule the device is known to tolerate: an ``NKIRuleWarning`` quoting
+        the rule and its link (once per pattern per source line), or, in strict mode
+        (``NKISIM_STRICT=1``), the error ``nkisim_strict_rule``."""
+        if self.strict:
+            raise errors.nki_error("nkisim_strict_rule", what=what, rule=rule, link=link)
+        if "warnings" not in self.checks:
+            return
+        file, line = caller_location()
+        site = (key[0] if isinstance(key, tuple) else key, file, line)
+        if site in self.warned:
+            return
+        self.warned.add(site)
+        import warnings
+        warnings.warn_explicit(errors.rule_text(what, rule, link), errors.NKIRuleWarning,
+                               file or "<kernel>", line or 0)
 
 
 _current: list = []          # stack of active Runs (a kernel may simulate another: rare)
@@ -179,7 +202,13 @@ def pop() -> None:
     _current.pop()
 
 
-def new_run(target: str | None = None, checks=None, kernel_name: str = "") -> Run:
+def strict_from_env() -> bool:
+    """``NKISIM_STRICT=1`` (also set by ``nkisim run --strict`` and ``pytest --nki-strict``)."""
+    return os.environ.get("NKISIM_STRICT", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def new_run(target: str | None = None, checks=None, kernel_name: str = "",
+            strict: bool | None = None) -> Run:
     arch = get_arch(target)
     if checks is None:
         checks = parse_checks(os.environ.get("NKISIM_CHECKS"))
@@ -191,6 +220,7 @@ def new_run(target: str | None = None, checks=None, kernel_name: str = "") -> Ru
     run = Run(arch=arch, checks=checks, trace=Trace(target=arch.name, kernel=kernel_name),
               kernel_name=kernel_name)
     run.memory = Memory(run)
+    run.strict = strict_from_env() if strict is None else bool(strict)
     return run
 
 

@@ -2,7 +2,7 @@
 
 Every constant lives in :class:`CostParams` (one instance per target in :data:`COST_PARAMS`;
 :func:`params_for` also gives the trn2 ``--disable-dge`` variant) with a comment citing
-shared/spec/nki-reference.md ("ref §x.y") or shared/spec/cs149-assignment.md ("cs149 §x").
+docs/nki-reference.md ("ref §x.y") or docs/cs149-assignment.md ("cs149 §x").
 
 The model (``nkisim.schedule`` assembles the timeline from these pieces):
 
@@ -20,12 +20,57 @@ The model (``nkisim.schedule`` assembles the timeline from these pieces):
   How the DMA gets started depends on the DMA path the kernel was compiled for:
   - hardware DGE (``dge=True``: trn2's default, e.g. ``nki.benchmark`` in CS149 Part 1). The
     DMA-issuing sequencer executes each DMA instruction for ``dge_issue_ns`` plus
-    ``dge_descriptor_ns`` per descriptor, one at a time in readiness order. The queues work on
-    the descriptors as they are generated.
+    ``dge_descriptor_ns`` per descriptor (the DGE generates them in hardware), one at a time in
+    readiness order. The queues work on the descriptors as they are generated.
   - descriptors (``dge=False``: trn1, and trn2 with ``--disable-dge`` as in CS149 Part 1
-    profiling and the Part 2 harness). The data phase starts ``dma_fixed_ns`` after the DMA is
-    ready; DMAs in flight overlap this latency.
+    profiling and every Part 2 harness run with ``--profile``). The data phase starts
+    ``dma_fixed_ns`` after the DMA is ready; any number of DMAs in flight overlap this latency
+    (it is descriptor fetch and semaphore hand-off, not queue occupancy), and they share the 16
+    queues' bandwidth in readiness order.
   Either way the completion is visible to every engine at once.
+
+What the compiler chooses (``nkisim.schedule``):
+
+* Buffers. A tile is a name, not an address: unless the kernel pins it (direct allocation),
+  the allocator places each *value* of a tile. The trn2 compiler (``rename_buffers``) gives a
+  new value a fresh buffer when a write replaces everything the tile held (``t[...] = load``
+  of the whole tile, an instruction's result) or a matmul starts a new PSUM accumulation group
+  (accumulating into a tile already read since its last write, i.e. the kernel re-zeroed it),
+  rotating over 8 buffers: PSUM's 8 banks (ref §3.1) are the hardware bound for accumulation
+  groups, and the same count is used for SBUF (no documented figure; SBUF has room for far
+  more). Evidence: seed 000's trn2 conv2d reloads one declared (128, 224) tile 2,664 times and
+  is profiled at 90% MFU, impossible if each load waited for the matmuls reading the previous
+  contents (one buffer: 4,878 us modeled against 824 measured; 4 buffers: 1,285; 8 or more:
+  806). The trn1 compiler (no ``skip_middle_end_transformations``) gives tiles defined in an
+  ``affine_range`` body ``AUTO_MULTI_BUFFER`` = 4 buffers (trn1 handout); a tile the kernel
+  declares there and a DMA fills (``t[...] = nl.load``) keeps one (the trn1 tiled rows:
+  1.07 / 0.96 us per iteration whether 1 or 128 descriptors, i.e. serialized iterations),
+  while one that compute engines fill gets the 4 (the trn1 solution's X_tile: its author
+  measured affine_range pipelining it, 1332 -> 1054 us). Open: the same trn1 author's
+  ``vector_add_stream`` with ``a_tile[...] = nl.load`` measured 53 us, which this rule
+  models as serialized (~118 us); our fixture uses the older ``a_tile = nl.load`` form.
+* Engine order. With ``skip_middle_end_transformations`` (every trn2 course kernel) the
+  engines run their instructions in trace order. Without it the compiler software-pipelines
+  ``affine_range`` loops and list-schedules them, so an engine runs any later ready instruction
+  in an idle gap (the trn1 solution's per-matmul weight transposes run ahead of the matmuls).
+* Engine choice. A copy the kernel leaves to the compiler (``nl.copy``, ``t[...] = u``,
+  ``tensor_copy`` without ``engine=``) runs on VectorE or ScalarE, whichever finishes it first
+  ("the best engine will be selected", ``nki.isa`` docs; the trn1 solution's profile shows its
+  SBUF copies on ScalarE). Activations are ScalarE's (ref §1.8 lowering table).
+* ``nl.matmul(x, y)`` without ``transpose_x`` lowers to a PE transpose of ``x``, a copy back to
+  SBUF and ``nc_matmul`` (ref §1.8: "matmul(x, y) lowers to nc_matmul(transpose(x), y)"); the
+  transposes are independent of the moving data, so with gap filling they overlap.
+
+Compute details: NC-v2 adds the trn1 arch guide's static tensor-access overhead (~60 cycles,
+ref §3.4) to every VectorE/ScalarE/GpSimdE instruction past MIN_II (``access_overhead_cycles``;
+no NC-v3 figure, so 0 on trn2). fp32 matmuls cost 4x bf16 on both targets (ref §1.10, §3.3:
+92 / 23 TFLOPS trn1, 79 / 20 trn2); the trn1 solution's fp32 rows agree (-0% / -2%). The trn2
+solution's fp32 rows are 21% above the model (3832 measured, 3030 modeled with the PE 98%
+busy); nothing documented explains it, and no factor is fitted to those two rows. MFU is
+neuron-profile's ``mfu_estimated_percent`` (model FLOPs / (2 x 128 x 128 x PE clock x
+total_time), ref §3.6): seed 000's fp16 90% is that formula at the measured 824 us (89.7%);
+its fp32 "41%" matches no documented weighting (x1: 19.3%, adjusted x4: 77%) and is reported,
+not modeled.
 
 Which published figure informed which constant (cs149 §5, ref §3.7; ``python
 benchmarks/calibrate.py`` prints the comparison, ``--derive`` re-derives the fitted constants).
@@ -36,15 +81,12 @@ compiled without it: tiles an instruction defines in an ``affine_range`` body ge
 (``t[...] = nl.load(...)``) keep one (``nkisim.tensor._site_key``).
 
 * ``dge_issue_ns``/``dge_descriptor_ns``: "about 600 ns" per DGE DMA instruction on NC-v3
-  (ref §3.5), for any transfer size (the spec gives no size dependence; nothing is fitted).
-  - Checks of the 600 ns: ``vector_add_tiled`` ROW_CHUNK=128 and ``vector_add_stream``
-    FREE_DIM=2 are, per iteration, a chain of three 128-descriptor DMAs and one 64-cycle VectorE
-    op: 1.87 us/iter modeled against 1.89 / 1.86 measured. ``matrix_transpose`` 1024^2, tile by
-    tile (load, nc_transpose, tensor_copy, store; one buffer each): 93 us against 86 measured. The
-    descriptor path would chain a 1.3 us latency per tile here.
-  - Not fitted: ROW_CHUNK=1 is three 1-descriptor DMAs per iteration, 1.458 us/iter measured,
-    i.e. about 460 ns per DMA: a 1-descriptor DGE DMA is probably cheaper than 600 ns, but one
-    row cannot say by how much, so the model keeps the documented figure (that row: +28%).
+  (ref §3.5) for a P=128 transfer, split into a fixed part and 1 ns per descriptor, derived
+  jointly from the trn2 tiled rows ROW_CHUNK=1 and 128 (see the field's comment).
+  - Checks: ``vector_add_stream`` FREE_DIM=2, per iteration a chain of three 128-descriptor
+    DMAs and one 64-cycle VectorE op: 1.87 us/iter modeled against 1.86 measured.
+    ``matrix_transpose`` 1024^2, tile by tile (load, nc_transpose, tensor_copy, store): 93 us
+    against 86 measured.
 * ``d`` (descriptor overhead): least-squares fit to the chart of ref §3.5 where it is
   bandwidth-bound (4-16 KiB per partition), see :func:`descriptor_overhead_bytes`. The chart's
   flat part (up to 2 KiB per partition a P=128 transfer takes the same time at any size) is a
@@ -123,11 +165,16 @@ class CostParams:
     dma_fixed_ns: float = 1300.0
     # DGE path: "a hardware-DGE DMA instruction takes about 600 ns to execute on NeuronCore-v3"
     # (§3.5). The DMA-issuing sequencer is busy that long per DMA, so DMA issues serialize.
-    # The spec gives no size dependence, so every DGE DMA instruction costs the same 600 ns
-    # (fitting a per-descriptor split to the 1-descriptor ROW_CHUNK=1 row would fit a constant
-    # to a single kernel; that row is then a check: +28%, within the targets).
-    dge_issue_ns: float = 600.0
-    dge_descriptor_ns: float = 0.0
+    # The DGE generates the descriptors in hardware, one per partition row, so the time has a
+    # fixed part and a per-descriptor part. Derived jointly from the two trn2 tiled rows
+    # (cs149 §5; per iteration: three serialized DMA issues + one 64-cycle VectorE op, 67 ns):
+    # ROW_CHUNK=1 (1 descriptor) (37318 - 14) us / 25600 = 1457 ns -> 463 ns per DMA;
+    # ROW_CHUNK=128 (128 descriptors) (378 - 14) us / 200 = 1820 ns -> 584 ns per DMA:
+    # 0.95 ns per descriptor. Rounded to 1 ns per descriptor, with the fixed part set so that a
+    # P=128 DMA costs the documented 600 ns: 472 + 128 x 1. Check, not used: stream
+    # FREE_DIM=2 (128 descriptors), 1.74 us/iter measured -> 558 ns per DMA (model 600, +5%).
+    dge_issue_ns: float = 472.0
+    dge_descriptor_ns: float = 1.0
     dma_efficiency: tuple = DMA_EFFICIENCY_TABLE
     # The per-descriptor overhead is fitted to the chart's points from this size up, where the
     # chart is bandwidth-bound ("≥4 KiB saturates", §3.5); see descriptor_overhead_bytes().
@@ -135,6 +182,14 @@ class CostParams:
     # dma_transpose: "HBM->SBUF up to 90%, SBUF->SBUF up to 50% of DMA throughput" (§3.5).
     dma_transpose_hbm_factor: float = 0.9
     dma_transpose_sbuf_factor: float = 0.5
+    # "Initiating a tensor access costs a static overhead approximately 60 cycles on
+    # NeuronCore-v2" (trn1 arch guide, ref §3.4): added to every VectorE/ScalarE/GpSimdE
+    # instruction past MIN_II (which already covers it for small tiles). No NC-v3 figure.
+    access_overhead_cycles: float = 0.0
+    # --- buffers (nkisim.schedule._Renamer) ---
+    # Copies of a tile the compiler's allocator rotates over when a write ends the old value's
+    # live range (1 = no renaming). See the module docstring, "buffers".
+    rename_buffers: int = 1
     # --- kernel ---
     # Fixed per-launch overhead included in nc_latency / profiler total_time (module docstring).
     launch_ns: float = 0.0
@@ -174,22 +229,25 @@ class CostParams:
 # trn1 dma_fixed_ns. The trn1 vector_add_tiled declares its tiles (one buffer each), so iteration
 # m+1's loads wait for iteration m's add: an iteration is one DMA latency F plus the rest of the
 # chain, ``rest`` (data phases + the add's 64 VectorE cycles, 57 ns). Per iteration:
-#   ROW_CHUNK=1:   (27404 - 14.7) us / 25600 = 1070 ns; rest = 68 ns (one 4-byte descriptor,
+#   ROW_CHUNK=1:   (27404 - 14.6) us / 25600 = 1070 ns; rest = 68 ns (one 4-byte descriptor,
 #                  (4 + 162) / 17 = 10 ns, + 57)                              -> F = 1002 ns
-#   ROW_CHUNK=128: (206 - 14.7) us / 200 = 957 ns; rest = 96 ns (the store and the two loads
+#   ROW_CHUNK=128: (206 - 14.6) us / 200 = 957 ns; rest = 96 ns (the store and the two loads
 #                  share the 16 queues: 3 x (8 x 4 + 162) / 17 = 34 ns, + 57, + 5 for the last
 #                  store's latency spread over the 200 iterations)            -> F =  861 ns
 #   F = mean = 931 ns -> 930 (the two rows' relative errors are then -7% / +7%).
 # launch_ns: measured - modeled body of the rows with one or two iterations,
-#   trn1 (F = 930): stream FREE_DIM=200 19 - 3.38 = 15.62 us; FREE_DIM=2000 n=256000
-#     34 - 16.76 = 17.24; FREE_DIM=1000 29 - 15.82 = 13.18; direct allocation 28.5 - 15.82 =
-#     12.68 -> mean 14.68 us -> 14.7 (F and launch_ns depend on each other a little; the values
+#   trn1 (F = 930): stream FREE_DIM=200 19 - 3.43 = 15.57 us; FREE_DIM=2000 n=256000
+#     34 - 16.81 = 17.19; FREE_DIM=1000 29 - 15.93 = 13.07; direct allocation 28.5 - 15.93 =
+#     12.57 -> mean 14.60 us -> 14.6 (F and launch_ns depend on each other a little; the values
 #     are the fixed point of the two means).
 #   trn2: stream FREE_DIM=200 15 - 2.22 = 12.78 us; --disable-dge FREE_DIM=2000 n=256000
-#     28.5 - 15.27 = 13.23; FREE_DIM=1000 27 - 16.90 = 10.10 -> mean 12.04 us -> 12.0.
+#     28.5 - 15.27 = 13.23; FREE_DIM=1000 27 - 12.04 = 14.96 (its two iterations overlap now
+#     that the compiler renames the reloaded tiles) -> mean 13.66 us -> 13.7.
 COST_PARAMS: dict = {
-    "trn1": CostParams(arch=TARGETS["trn1"], dma_fixed_ns=930.0, launch_ns=14_700.0),
-    "trn2": CostParams(arch=TARGETS["trn2"], launch_ns=12_000.0, vector_perf_mode=True,
+    "trn1": CostParams(arch=TARGETS["trn1"], dma_fixed_ns=930.0, launch_ns=14_600.0,
+                       access_overhead_cycles=60.0),
+    "trn2": CostParams(arch=TARGETS["trn2"], launch_ns=13_700.0, vector_perf_mode=True,
+                       rename_buffers=8,
                        fp32_transpose_factor=2.0, dge=True),
 }
 _VARIANTS: dict = {}
@@ -470,7 +528,17 @@ def _is_zero(v) -> bool:
         return False
 
 
-def engine_cycles(instr: Instr, params: CostParams) -> float:
+def engine_cycles(instr: Instr, params: CostParams, engine: str | None = None) -> float:
+    """II in engine cycles of a VectorE/ScalarE/GpSimdE instruction: :func:`stream_cycles` plus,
+    on NC-v2, the static tensor-access overhead (``access_overhead_cycles``) beyond MIN_II."""
+    c = stream_cycles(instr, params, engine)
+    ovh = params.access_overhead_cycles
+    if ovh and c > params.min_ii_cycles:
+        c += ovh
+    return c
+
+
+def stream_cycles(instr: Instr, params: CostParams, engine: str | None = None) -> float:
     """II in engine cycles of a VectorE/ScalarE/GpSimdE instruction (ref §1.10, §3.4).
 
     Reads ``detail`` keys ``inputs``, ``psum_in``, ``all_16bit``, ``contiguous`` and, when the
@@ -482,7 +550,7 @@ def engine_cycles(instr: Instr, params: CostParams) -> float:
     d = instr.detail
     n = float(instr.free)
     min_ii = params.min_ii_cycles
-    eng = instr.engine
+    eng = engine or instr.engine
     all16 = bool(d.get("all_16bit"))
     psum_in = bool(d.get("psum_in"))
     if op in ("iota", "affine_select", "local_gather"):
@@ -532,11 +600,13 @@ def engine_cycles(instr: Instr, params: CostParams) -> float:
     return max(min_ii, 2 * n)
 
 
-def compute_ns(instr: Instr, params: CostParams) -> float:
-    """Engine occupancy (ns) of a compute instruction; TensorE excludes LoadStationary."""
-    if instr.engine == TENSOR:
+def compute_ns(instr: Instr, params: CostParams, engine: str | None = None) -> float:
+    """Engine occupancy (ns) of a compute instruction (on ``engine``, default the recorded one);
+    TensorE excludes LoadStationary."""
+    eng = engine or instr.engine
+    if eng == TENSOR:
         return matmul_cycles(instr, params) / params.arch.tensor_ghz
-    return engine_cycles(instr, params) / params.clock_ghz(instr.engine)
+    return engine_cycles(instr, params, eng) / params.clock_ghz(eng)
 
 
 def instr_cost_ns(instr: Instr, arch: Arch | str | CostParams | None = None) -> float:

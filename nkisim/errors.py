@@ -142,6 +142,9 @@ ERRORS: dict[str, tuple[type[Exception], str]] = {
         "SBUF+SBUF, SBUF+PSUM and PSUM+SBUF"),
     "nkisim_shape_mismatch": (
         ValueError, "Parameter shapes ({params}) of '{api}' has mismatched shapes: {why}"),
+    "nkisim_empty_tensor": (
+        ValueError, "{what} '{name}' has shape {shape}: an empty tensor (every dimension of an "
+        "NKI tensor must be at least 1; skip the kernel call for empty inputs)"),
     "nkisim_sbuf_overflow": (
         RuntimeError, "SBUF overflow: live tensors need {need} bytes per partition, more than "
         "the {limit} usable bytes per partition of {target} (the device compiler would fail "
@@ -157,6 +160,11 @@ ERRORS: dict[str, tuple[type[Exception], str]] = {
         "`{name}{region}`, written by {other}; the iterations may run in any order on the "
         "device: give each iteration its own tile or slice, or use nl.sequential_range"),
     "nkisim_unsupported": (NotImplementedError, "{what} is not supported by nkisim: {why}"),
+    # a documented rule the device tolerates, made an error by strict mode (see NKIRuleWarning)
+    "nkisim_strict_rule": (
+        ValueError, "strict mode (NKISIM_STRICT=1): documented NKI rule broken (the device "
+        "tolerates it; without strict mode this is a warning): {what}; the rule: \"{rule}\" "
+        "({link})"),
     "nkisim_invalid_argument": (ValueError, "{api}: {why}"),
 }
 
@@ -183,3 +191,24 @@ def shape_str(shape) -> str:
 
 class NKIWarning(UserWarning):
     """Suspicious-but-legal patterns nkisim reports (PSUM accumulator dtype, += on SBUF, ...)."""
+
+
+class NKIRuleWarning(NKIWarning):
+    """A documented NKI rule that the device is known to tolerate (its kernels compile and
+    compute the right numbers): reported as a warning quoting the rule and its doc link; strict
+    mode (``NKISIM_STRICT=1``, ``nkisim run --strict``, ``pytest --nki-strict``) raises
+    ``nkisim_strict_rule`` instead (shared/DESIGN.md, "The acceptance principle")."""
+
+
+# The three kinds of diagnostics (every message says which one it is):
+#   error        an exception: the real compiler rejects the code, or the device would compute
+#                garbage (race, read of never-written memory, overflowing allocation)
+#   rule         NKIRuleWarning "NKI rule the device tolerates: ..." (an error in strict mode)
+#   suspicious   NKIWarning "suspicious pattern: ..." (legal code that is often a bug)
+RULE_PREFIX = "NKI rule the device tolerates (an error with NKISIM_STRICT=1): "
+SUSPICIOUS_PREFIX = "suspicious pattern: "
+
+
+def rule_text(what: str, rule: str, link: str) -> str:
+    """The message of a tolerated-rule warning: what the kernel does, the rule quoted, its link."""
+    return f"{RULE_PREFIX}{what}; the rule: \"{rule}\" ({link})"

@@ -133,6 +133,12 @@ class _MGridResult(tuple):
     def y(self):
         return self[2]
 
+    @property
+    def z(self):
+        # the fourth grid (nki.language.mgrid docstring: "i_p, i_x, i_y, i_z ... .z"; AWS's
+        # reference kernels index 4-D tiles with `grid.z`)
+        return self[3]
+
 
 class _MGrid:
     """``nl.mgrid[0:a, 0:b, ...]``: dense grids, same as NumPy mgrid (ref §1.5)."""
@@ -199,6 +205,39 @@ def split_shape(shape) -> tuple[tuple, int]:
     return tuple(out), paxis
 
 
+class _SliceGrid(IndexExpr):
+    """A slice rewritten as an index expression (not the user's 1-D arange)."""
+
+    __slots__ = ()
+
+
+def _slice_oob(k, size) -> bool:
+    if isinstance(k, DynSlice):
+        k = k.as_slice()
+    if not isinstance(k, slice):
+        return False
+    start = 0 if k.start is None else int(k.start)
+    stop = size if k.stop is None else int(k.stop)
+    return (k.step is None or int(k.step) > 0) and start < stop and (start < 0 or stop > size)
+
+
+def _slices_as_grid(key, shape):
+    """``key`` (ints and slices) as broadcasting index expressions of the same result shape."""
+    key = tuple(k.as_slice() if isinstance(k, DynSlice) else k for k in key)
+    n = sum(isinstance(k, slice) for k in key)
+    out, j = [], 0
+    for d, k in enumerate(key):
+        if isinstance(k, slice):
+            start = 0 if k.start is None else int(k.start)
+            stop = shape[d] if k.stop is None else int(k.stop)
+            v = np.arange(start, stop, 1 if k.step is None else int(k.step))
+            out.append(_SliceGrid(v.reshape((1,) * j + (-1,) + (1,) * (n - j - 1))))
+            j += 1
+        else:
+            out.append(k)
+    return tuple(out)
+
+
 def normalize_key(key, shape, name, oob=None):
     """Validate an index against ``shape``.
 
@@ -222,6 +261,13 @@ def normalize_key(key, shape, name, oob=None):
         raise nki_error("nkisim_invalid_argument", api=f"indexing `{name}`",
                         why=f"{len(key)} indices for a tensor of shape {list(shape)}")
     advanced = any(isinstance(k, IndexExpr) for k in key)
+    if oob is not None and not advanced and any(
+            _slice_oob(k, shape[d]) for d, k in enumerate(key)):
+        # A slice running past the tensor's end: the instruction's mask decides, as for index
+        # expressions (AWS's reference/vision.py adaptive_avg_pool2d slices past the end under
+        # a mask; "NKI API Masking": masked-out elements are not accessed). The view becomes
+        # an index grid of the slice's full extent; its out-of-bound elements are recorded.
+        key, advanced = _slices_as_grid(key, shape), True
     out = []
     for dim, k in enumerate(key):
         size = shape[dim]
@@ -243,7 +289,7 @@ def normalize_key(key, shape, name, oob=None):
                                 lo=start, hi=hi, size=size)
             out.append(slice(start, stop, step))
         elif isinstance(k, IndexExpr):
-            if k.ndim == 1:
+            if k.ndim == 1 and not isinstance(k, _SliceGrid):
                 raise nki_error("err_1d_arange_not_supported", name=name)
             v = k.v
             if v.size:

@@ -20,6 +20,7 @@ from .indexing import IndexExpr, MaskExpr
 from .language import (
     _detail,
     _mask,
+    _partitions,
     _tile,
     _tile_shape,
     _tile_vals,
@@ -220,8 +221,11 @@ def tensor_copy(src, *, mask=None, dtype=None, engine=engine.unknown, **kwargs):
         raise nki_error("err_unsupported_memory", param="src", api="tensor_copy (gpsimd)",
                         expected="sbuf", got="psum")
     vals = read(x, "tensor_copy", run)
+    d = _detail(x)
+    if engine is None or engine == globals()["engine"].unknown:
+        d["auto_engine"] = True        # the compiler picks the engine (nkisim.cost)
     return result_tile(run, x.shape, dtype or x.dtype, vals, "tensor_copy", eng, (x,),
-                       _detail(x), mask=_mask(mask, x.shape))
+                       d, mask=_mask(mask, x.shape))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,6 +288,7 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unkn
     vb = read(b, api, run).reshape(_tile_shape(b))
     if not bitvec:
         va, vb = dtypes.to_f32(va), dtypes.to_f32(vb)
+    va, vb = nl.partition_vectors(va, vb)
     sa, sb = va.shape, vb.shape
     if math.prod(sa) == math.prod(sb) and sa != sb:
         vb = vb.reshape(sa)                       # same elements per partition, other shape
@@ -297,7 +302,7 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unkn
     detail = _detail(a, b)
     detail["alu"] = name
     return result_tile(run, out.shape, dtype or dtypes.promote(a.dtype, b.dtype), out, api,
-                       eng, (a, b), detail, mask=_mask(mask, out.shape))
+                       eng, (a, b), detail, mask=_mask(mask, out.shape), fresh=True)
 
 
 def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False,
@@ -528,17 +533,45 @@ _MATMUL_DTYPES = {np.dtype(np.float32), np.dtype(np.float16), dtypes.bfloat16,
                   dtypes.float8_e4m3, dtypes.float8_e5m2, dtypes.TF32}
 
 
+_DOUBLE_ROW = ("double_row", "double_row_gen3")
+
+
+def _psum_operand(run, t, api, param):
+    """A PSUM tile as a Tensor Engine input. The docs: "The nc_matmul instruction *must* read
+    inputs from SBUF ... the stationary and moving must be SBUF tiles" (nki.isa.nc_matmul); yet
+    AWS's reference/attention.py (flash_attn_bwd, which passes AWS's CI) feeds an nc_transpose
+    result (PSUM) as the stationary: the compiler copies it to SBUF first. A tolerated rule;
+    nkisim records the copy."""
+    run.rule(("psum_matmul_operand", t.root.id),
+             f"{param} operand `{t.name}` of '{api}' is in PSUM (the compiler copies it to SBUF)",
+             "The nc_matmul instruction *must* read inputs from SBUF and write outputs to PSUM. "
+             "Therefore, the stationary and moving must be SBUF tiles",
+             "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/nki/api/"
+             "generated/nki.isa.nc_matmul.html")
+    run.record("tensor_copy", VECTOR, (region(t),), (), dtypes.name(t.dtype), _partitions(t),
+               max(1, t.size // max(1, t.shape[0])), _detail(t))
+
+
 def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onezero=False,
-              is_transpose=False, tile_position=(), tile_size=(), mask=None, **kwargs):
-    """``stationary.T @ moving`` on the Tensor Engine; fp32 result in a PSUM tile."""
+              is_transpose=False, tile_position=(), tile_size=(), mask=None, perf_mode=None,
+              **kwargs):
+    """``stationary.T @ moving`` on the Tensor Engine; fp32 result in a PSUM tile.
+
+    ``perf_mode='double_row_gen3'`` (trn2 fp8 double-row): stationary [K, 2, M] and moving
+    [K, 2, N], contracting over (K, 2): AWS's SDK test test_nki_isa_nc_matmul.py::
+    test_double_row_gen3 checks ``einsum("kli,klj->ij")`` (ref §1.10)."""
     run = context.current()
     api = "nc_matmul"
     for p, t in (("stationary", stationary), ("moving", moving)):
-        if isinstance(t, Tensor) and t.root.buffer != "sbuf":      # inputs must be SBUF
+        if isinstance(t, Tensor) and t.root.buffer == "psum":
+            _psum_operand(run, t, api, p)
+        elif isinstance(t, Tensor) and t.root.buffer != "sbuf":      # inputs must be SBUF
             raise nki_error("err_unsupported_memory", param=p, api=api, expected="sbuf",
                             got=t.root.buffer)
     st = _tile(stationary, api, "stationary")
     mv = _tile(moving, api, "moving")
+    if perf_mode is not None and str(getattr(perf_mode, "name", perf_mode)) != "none":
+        return _double_row(run, st, mv, str(getattr(perf_mode, "name", perf_mode)), mask)
     for p, t in (("stationary", st), ("moving", mv)):
         if t.dtype not in _MATMUL_DTYPES:
             raise nki_error("nkisim_operand_dtype", param=p, api=api,
@@ -571,7 +604,35 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
               "fp32": fp32, "flops": 0 if is_transpose else 2 * K * M * N,
               "dtype_in": dtypes.name(st.dtype)}
     return result_tile(run, (M,) + ms[1:], np.float32, out, api, TENSOR, (st, mv), detail,
-                       buffer=nl.psum, mask=_mask(mask, (M,) + ms[1:]))
+                       buffer=nl.psum, mask=_mask(mask, (M,) + ms[1:]), fresh=True)
+
+
+def _double_row(run, st, mv, mode, mask):
+    api = "nc_matmul"
+    if mode not in _DOUBLE_ROW:
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"perf_mode must be one of {', '.join(_DOUBLE_ROW)}, got {mode!r}")
+    ss, ms = st.shape, mv.shape
+    if len(ss) != 3 or len(ms) != 3 or ss[1] != 2 or ms[1] != 2 or ss[0] != ms[0]:
+        raise nki_error("nkisim_shape_mismatch", params=f"stationary{shape_str(ss)}, "
+                        f"moving{shape_str(ms)}", api=api,
+                        why=f"perf_mode={mode!r} needs stationary [K, 2, M] and moving "
+                            "[K, 2, N] with the same K")
+    K, M, N = ss[0], ss[2], ms[2]
+    if K > run.arch.pmax or M > run.arch.gemm_stationary_fmax:
+        raise nki_error("nkisim_matmul_stationary_limit", name=st.name, shape=shape_str(ss),
+                        api=api, limit=run.arch.gemm_stationary_fmax)
+    if N > run.arch.gemm_moving_fmax:
+        raise nki_error("nkisim_matmul_moving_limit", name=mv.name, shape=shape_str(ms),
+                        api=api, free=N, limit=run.arch.gemm_moving_fmax)
+    a = _tile_vals(st, api, run).reshape(K * 2, M)
+    b = _tile_vals(mv, api, run).reshape(K * 2, N)
+    detail = {"K": K, "M": M, "N": N, "accumulate": False, "transpose": False,
+              "fp32": st.dtype.itemsize == 4 or mv.dtype.itemsize == 4,
+              "flops": 2 * 2 * K * M * N, "dtype_in": dtypes.name(st.dtype),
+              "perf_mode": mode}
+    return result_tile(run, (M, N), np.float32, a.T @ b, api, TENSOR, (st, mv), detail,
+                       buffer=nl.psum, mask=_mask(mask, (M, N)))
 
 
 def nc_transpose(data, *, mask=None, dtype=None, engine=engine.unknown, **kwargs):

@@ -10,7 +10,9 @@ and partition broadcasts on TensorE, loads/stores on the DMA queues.
 from __future__ import annotations
 
 import builtins
+import linecache
 import math
+import re
 import sys
 
 import ml_dtypes
@@ -145,6 +147,10 @@ def _contiguous(t: Tensor) -> bool:
 def _mask(mask, shape):
     if mask is None:
         return None
+    if isinstance(mask, (bool, np.bool_)):
+        # a condition on loop indices and constants only evaluates to a Python bool: all or
+        # nothing (AWS's reference/allocated_fused_linear.py: `mask=(i * 128 < n)`)
+        return None if mask else np.zeros(shape, bool)
     if not isinstance(mask, MaskExpr):
         raise nki_error("err_unsupported_expression_in_mask")
     try:
@@ -156,9 +162,13 @@ def _mask(mask, shape):
 
 
 def result_tile(run, shape, dtype, vals, op, engine, reads, detail, buffer=sbuf, mask=None,
-                name=None):
-    """Create the instruction's output tile, write ``vals``, record the instruction."""
-    t = allocate(shape, dtype, buffer=buffer, name=name or "", api=op, poison=mask is not None)
+                name=None, fresh=False):
+    """Create the instruction's output tile, write ``vals``, record the instruction.
+
+    ``fresh``: ``vals`` was just computed by the op and nothing else references it, so it may
+    become the tile's storage without a copy (``tensor.allocate(storage=)``)."""
+    t = allocate(shape, dtype, buffer=buffer, name=name or "", api=op, poison=mask is not None,
+                 storage=vals if fresh and mask is None else None)
     write(t, vals, op, run=run, mask=mask)
     instr = run.record(op, engine, tuple(region(r) for r in reads), (region(t),),
                        dtypes.name(t.dtype), _partitions(t), _free(t), detail)
@@ -402,7 +412,9 @@ def _dma_detail(dst: Tensor, src: Tensor, nbytes: int) -> dict:
 
 def _contig_bytes(t: Tensor) -> int:
     a = t._arr
-    if a is None or t._idx is not None:
+    if a is not None and t._idx is not None:
+        return _indexed_contig_bytes(t)
+    if a is None:
         return t.dtype.itemsize
     run = a.itemsize
     limit = t.root.row_bytes if t.root.buffer != "hbm" else None
@@ -415,6 +427,32 @@ def _contig_bytes(t: Tensor) -> int:
             break
         run *= n
     return run
+
+
+def _indexed_contig_bytes(t: Tensor) -> int:
+    """Mean contiguous run (bytes) of an advanced-indexed view (``a[m*128 + i.p, i.x]`` with
+    ``i = nl.mgrid[...]``): the DMA moves each maximal run of consecutive addresses as one
+    descriptor, however the kernel spelled the index (nkisim.cost: DMAs are costed by their
+    contiguous runs)."""
+    a = t._arr
+    item = a.itemsize
+    try:
+        idx = [np.asarray(i, dtype=np.int64) for i in t._idx]
+        shp = np.broadcast_shapes(*(i.shape for i in idx))
+        off = np.zeros(shp, dtype=np.int64)
+        for i, st in zip(idx, a.strides):
+            off = off + i * st
+    except Exception:                      # an index form this does not understand
+        return item
+    if off.ndim == 0 or off.size <= 1:
+        return item
+    off = off.reshape(-1, off.shape[-1])
+    limit = t.root.row_bytes if t.root.buffer != "hbm" else None
+    cont = np.diff(off, axis=1) == item
+    if limit:                              # an SBUF run ends at its partition's end
+        cont &= (off[:, 1:] // limit) == (off[:, :-1] // limit)
+    runs = off.shape[0] + int((~cont).sum())
+    return builtins.max(item, int(item * off.size // runs))
 
 
 def _dma(dst: Tensor, src: Tensor, src_vals, api: str, run, mask=None, accumulate_op=None):
@@ -465,8 +503,10 @@ def store(dst, value, *, mask=None, **kwargs):
         vals = read(src, "store", run)
         if src.root.buffer == "psum":
             # "an extra copy will be performed to move the tile to SBUF first" (ref §1.7)
+            taint = run.taint
             run.record("tensor_copy", VECTOR, (region(src),), (), dtypes.name(src.dtype),
                        _partitions(src), _free(src), _detail(src))
+            run.taint = taint
     if src is not None and vals.size != dst.size:
         vals = fit(vals, dst.shape, src.shape)
     vals = vals.reshape(dst.shape) if vals.size == dst.size else vals
@@ -505,8 +545,10 @@ def copy(src, *, mask=None, dtype=None, **kwargs):
     run = context.current()
     x = _tile(src, "copy", "src")
     vals = read(x, "copy", run)
+    d = _detail(x)
+    d["auto_engine"] = True            # the compiler picks the engine (nkisim.cost)
     return result_tile(run, x.shape, dtype or x.dtype, vals, "tensor_copy", VECTOR, (x,),
-                       _detail(x), mask=_mask(mask, x.shape))
+                       d, mask=_mask(mask, x.shape))
 
 
 def broadcast_to(src, *, shape, **kwargs):
@@ -539,12 +581,28 @@ def device_print(prefix, x, *, mask=None, **kwargs):
         text = f"{prefix} {np.array2string(np.asarray(vals, dtype=np.float64) if dtypes.is_float(x.dtype) else vals, threshold=64)}"  # noqa: E501
     else:
         text = f"{prefix} {x}"
+    run.taint = None                    # printing garbage is not an error
     run.device_prints.append(text)
     print(text, file=sys.stdout)
 
 
 # ---------------------------------------------------------------------------------------------
 # element-wise math (ref §1.8)
+
+def partition_vectors(a, b):
+    """A (P, 1) (or (P,)) operand broadcasts along every free dimension of the other operand,
+    whatever its rank: NumPy would align (P, 1) with the *last* two axes of a (P, R, W) tile.
+    CS149 solutions that passed on trn2 add a (P, 1) bias to (P, R, W) and (P, R, 2, W) tiles
+    with nl.add / nisa.tensor_tensor (issue 8); the docs' tensor_scalar takes "a vector of
+    shape (P, 1)" broadcast along the free dimensions (nki.isa.tensor_scalar)."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.ndim != b.ndim and \
+            a.ndim and b.ndim and a.shape[0] == b.shape[0]:
+        if math.prod(a.shape[1:]) == 1 and a.ndim < b.ndim:
+            a = a.reshape((a.shape[0],) + (1,) * (b.ndim - 1))
+        elif math.prod(b.shape[1:]) == 1 and b.ndim < a.ndim:
+            b = b.reshape((b.shape[0],) + (1,) * (a.ndim - 1))
+    return a, b
+
 
 def _bitvec_op(name):
     return name in ("bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift",
@@ -608,7 +666,7 @@ def _binary(name, x, y, dtype, mask):
             v = v.reshape(_tile_shape(t))
             return v if bitvec else dtypes.to_f32(v)
         return t
-    a, b = vals(x), vals(y)
+    a, b = partition_vectors(vals(x), vals(y))
     sa = a.shape if isinstance(a, np.ndarray) else ()
     sb = b.shape if isinstance(b, np.ndarray) else ()
     try:
@@ -670,7 +728,12 @@ logical_xor = _make_binary("logical_xor")
 
 
 def _gelu(x):
+    # In float64 whatever NumPy's promotion rules: NumPy 1.x keeps a float32 array float32
+    # against the float64 scalar sqrt(2) (value-based casting), NumPy 2 promotes (NEP 50), and
+    # 1 + erf(x/sqrt 2) cancels for x < 0, so in float32 the result was 3-4 ulp off on 1.26
+    # (tests/nkisim/test_nl_ops.py::test_unary_float[gelu-float32]); the caller rounds once.
     from scipy.special import erf as _erf
+    x = np.asarray(x, dtype=np.float64)
     return 0.5 * x * (1.0 + _erf(x / np.sqrt(2.0)))
 
 
@@ -876,6 +939,9 @@ def where(condition, x, y, *, dtype=None, mask=None, **kwargs):
                        mask=_mask(mask, out.shape))
 
 
+_SUBSCRIPT_RE = re.compile(r"^\s*[A-Za-z_][\w.]*\s*\[.*\]\s*=(?!=)")
+
+
 def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, **kwargs):
     """``b = nl.loop_reduce(a, op=np.add, loop_indices=[k])``: ``b = op(a, b)`` where ``b`` is
     the variable the result is assigned to (the destination is also op's right input)."""
@@ -887,6 +953,14 @@ def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, **kwargs):
     from .tensor import _infer_name
     target = _infer_name(f.f_code.co_filename, f.f_lineno, "")
     prev = f.f_locals.get(target) if target else None
+    if not isinstance(prev, Tensor) and _SUBSCRIPT_RE.match(
+            linecache.getline(f.f_code.co_filename, f.f_lineno)):
+        # `acc[idx] = nl.loop_reduce(x, ...)` (AWS's reference/attention.py flash_attn_bwd):
+        # the subscripted destination is the accumulator; the assignment performs
+        # `acc[idx] = op(x, acc[idx])` (nkisim.tensor.assign)
+        res = copy(t, dtype=dtype, mask=mask)
+        res._reduce = _alu_name(op, "loop_reduce")
+        return res
     if not isinstance(prev, Tensor):
         raise nki_error("nkisim_unsupported", what="nl.loop_reduce without an accumulator",
                         why="write `acc = nl.loop_reduce(x, op=..., loop_indices=[i])` with "
@@ -928,7 +1002,10 @@ def matmul(x, y, *, transpose_x=False, mask=None, **kwargs):
     from . import isa
     context.current()                  # outside a kernel: err_nki_api_outside_of_nki_kernel
     for p, t in (("x", x), ("y", y)):
-        if isinstance(t, Tensor) and t.root.buffer != "sbuf":     # x, y: SBUF (ref §1.8)
+        # x, y: SBUF (ref §1.8). A PSUM tile (an nl.transpose result) is a tolerated rule,
+        # reported by nc_matmul: AWS's tutorials/attention_fwd_performance v1 does
+        # `nl.matmul(scores, nl.transpose(v_sbuf))`.
+        if isinstance(t, Tensor) and t.root.buffer not in ("sbuf", "psum"):
             raise nki_error("err_unsupported_memory", param=p, api="matmul", expected="sbuf",
                             got=t.root.buffer)
     xt = _tile(x, "matmul", "x")

@@ -1,9 +1,13 @@
 """Turn a :class:`~nkisim.trace.Trace` into an engine schedule: when each instruction runs.
 
 The engines are asynchronous queues synchronized by semaphores (ref §3.2). TensorE, VectorE,
-ScalarE and GpSimdE each run their instructions in trace order; an instruction starts when its
-engine is free and every instruction it depends on is done (plus the dependent-instruction
-latency, ``nkisim.cost``). A DMA becomes ready when its dependencies are done. On the
+ScalarE and GpSimdE each run their instructions in the compiler's order: trace order for kernels
+compiled with ``skip_middle_end_transformations``, otherwise the earliest idle gap after the
+instruction is ready (the compiler's list schedule). An instruction starts when its engine is
+free and every instruction it depends on is done (plus the dependent-instruction latency,
+``nkisim.cost``). Copies the kernel leaves to the compiler go to VectorE or ScalarE, whichever
+finishes first; tile values are renamed into other buffers as the compiler would
+(:class:`_Renamer`; both in the module docstring of ``nkisim.cost``). A DMA becomes ready when its dependencies are done. On the
 hardware-DGE path (trn2's default) the DMA-issuing sequencer then executes it, one DMA at a time.
 On the descriptor path (trn1, ``--disable-dge``) the fixed DMA latency elapses instead. The DMA
 then shares the 16 queues' bandwidth with the other transfers in flight. Both the sequencer and
@@ -37,7 +41,7 @@ from .cost import (
     dma_plan,
     params_for,
 )
-from .trace import DMA, GPSIMD, SCALAR, TENSOR, VECTOR, Trace
+from .trace import DMA, GPSIMD, SCALAR, TENSOR, VECTOR, Region, Trace
 
 COMPUTE_ENGINES = (TENSOR, VECTOR, SCALAR, GPSIMD)
 DGE = "dge"             # the DMA-issuing sequencer (hardware DGE path), in engine_busy_ns
@@ -443,6 +447,87 @@ class Schedule:
         return "\n".join(lines)
 
 
+def _busy_before(pool: _DmaPool, t: float) -> bool:
+    """Is ``pool`` busy right up to ``t`` (an instruction ending at ``t``)?"""
+    j = bisect_left(pool.ends, t - 1e-6)
+    return j < len(pool.ends) and pool.starts[j] < t
+
+
+# Engines that can run a copy the kernel leaves to the compiler (cost.py, "engine choice").
+AUTO_ENGINES = (VECTOR, SCALAR)
+
+
+class _Renamer:
+    """Which physical copy of a tile each access touches (``nkisim.cost``, "buffers").
+
+    Two mechanisms, each a property of the compiler that built the kernel (``CostParams``):
+
+    * ``rename_buffers`` > 1 (the trn2 compiler, ``skip_middle_end_transformations`` kernels):
+      a write that overwrites everything the tile has held, or the first matmul of a new PSUM
+      accumulation group (a matmul accumulating into a tile already read since its last write:
+      the kernel re-zeroed it), ends the old value's live range, so the allocator may put the
+      new value in another buffer; the copies rotate over ``rename_buffers`` buffers. Tiles
+      the kernel pins with direct allocation are never renamed.
+    * trn1's declared tiles (``nl.ndarray`` in an ``affine_range`` body, tagged ``"decl"`` by
+      ``nkisim.tensor._site_key`` with the automatic buffer index) that a DMA fills keep a
+      single buffer: every iteration maps to the untagged site key.
+    """
+
+    __slots__ = ("nbuf", "single", "state", "active")
+
+    def __init__(self, instrs, params):
+        self.nbuf = int(params.rename_buffers)
+        single = set()
+        tagged = False
+        for ins in instrs:
+            for w in ins.writes:
+                k = w.key
+                if isinstance(k, tuple) and k and k[-1] == "decl":
+                    tagged = True
+                    if ins.engine == DMA:
+                        single.add(k[:4])
+        self.single = single if tagged else None
+        self.state = {}
+        self.active = self.nbuf > 1 or tagged
+
+    def regions(self, ins):
+        """(reads, writes) of ``ins`` with physical keys."""
+        if not self.active:
+            return ins.reads, ins.writes
+        reads = tuple(self._map(r, False, ins) for r in ins.reads)
+        writes = tuple(self._map(w, True, ins) for w in ins.writes)
+        return reads, writes
+
+    def _map(self, r, write, ins):
+        k = r.key
+        if r.buffer == "hbm":
+            return r
+        tup = isinstance(k, tuple)
+        if tup and self.single is not None and k and k[-1] == "decl":
+            k = k[:4] if k[:4] in self.single else k[:5]
+            if self.nbuf <= 1:
+                return Region(r.buffer, k, r.name, r.p0, r.p1, r.b0, r.b1)
+        if self.nbuf <= 1 or (tup and len(k) > 1 and k[1] == "direct"):
+            return r
+        st = self.state.get(k)
+        if st is None:
+            st = self.state[k] = [0, r.p0, r.p1, r.b0, r.b1, False]
+        elif write:
+            covers = r.p0 <= st[1] and r.p1 >= st[2] and r.b0 <= st[3] and r.b1 >= st[4]
+            if covers and (st[5] or not ins.detail.get("accumulate")):
+                st[0] += 1
+                st[1], st[2], st[3], st[4] = r.p0, r.p1, r.b0, r.b1
+                st[5] = False
+            else:
+                st[1], st[2] = min(st[1], r.p0), max(st[2], r.p1)
+                st[3], st[4] = min(st[3], r.b0), max(st[4], r.b1)
+        else:
+            st[5] = True
+            st[1], st[2] = min(st[1], r.p0), max(st[2], r.p1)
+            st[3], st[4] = min(st[3], r.b0), max(st[4], r.b1)
+        return Region(r.buffer, (k, st[0] % self.nbuf), r.name, r.p0, r.p1, r.b0, r.b1)
+
+
 class _KeyState:
     """Accesses of one buffer key: the live writes, and the reads since them.
 
@@ -521,16 +606,23 @@ def schedule(trace: Trace, arch: Arch | str | None = None,
     log_max = _KeyState.LOG
     mm_init = params.mm_init_cycles
     ls_div = params.ls_divisor
+    renamer = _Renamer(instrs, params)
+    # Compute engines run their queues in the compiler's order. Without
+    # skip_middle_end_transformations the compiler software-pipelines affine_range loops and
+    # list-schedules their instructions, so an engine fills an idle gap with any later ready
+    # instruction (a pool served in readiness order, like the DMA queues); with it, trace order.
+    reorder = not (trace.compiler or {}).get("skip_middle_end_transformations")
+    epools = {e: _DmaPool() for e in COMPUTE_ENGINES}
+    rename = renamer.regions
 
     for i in range(n):
         ins = instrs[i]
         eng = ins.engine
+        reads, writes = rename(ins)
         is_dma = eng == DMA
         col = _T_DMA if is_dma else (_T_TENSOR if eng == TENSOR else _T_OTHER)
         vcol = col - 4
         dep = 0.0
-        reads = ins.reads
-        writes = ins.writes
         for r in reads:                                        # RAW
             st = states_get(r.key)
             if st is not None:
@@ -649,13 +741,21 @@ def schedule(trace: Trace, arch: Arch | str | None = None,
                     cyc *= f32
                     ls *= f32
                 dur = cyc / tensor_ghz
-                ef = free.get(eng)
-                if ef is None or dep > ef:
-                    # LoadStationary is hidden behind the previous MM only when back-to-back
-                    dur += ls / tensor_ghz
-                    s = dep
+                if reorder:
+                    pe = epools[TENSOR]
+                    s = pe._earliest(dep, dur)
+                    if not _busy_before(pe, s):    # idle before it: LoadStationary not hidden
+                        dur += ls / tensor_ghz
+                        s = pe._earliest(dep, dur)
+                    pe._insert(s, dur)
                 else:
-                    s = ef
+                    ef = free.get(eng)
+                    if ef is None or dep > ef:
+                        # LoadStationary is hidden behind the previous MM only when back-to-back
+                        dur += ls / tensor_ghz
+                        s = dep
+                    else:
+                        s = ef
                 if not tr:
                     f = d.get("flops")
                     if f is None:
@@ -669,10 +769,30 @@ def schedule(trace: Trace, arch: Arch | str | None = None,
                 tt = e
                 eo = e + lat[TENSOR]
             else:
-                dur = compute_ns(ins, params)
-                ef = free.get(eng, 0.0)
-                s = dep if dep > ef else ef
+                dur = compute_ns(ins, params, eng)
+                if reorder:
+                    s = epools[eng]._earliest(dep, dur) if eng in epools else dep
+                else:
+                    ef = free.get(eng, 0.0)
+                    s = dep if dep > ef else ef
                 e = s + dur
+                if eng == VECTOR and ins.detail.get("auto_engine"):
+                    # The compiler picks the engine of a copy the kernel left to it
+                    # (``engine=unknown``, ``nl.copy``, ``t[...] = u``): the one that finishes
+                    # it first (module docstring of nkisim.cost, "engine choice").
+                    for alt in AUTO_ENGINES:
+                        if alt == eng:
+                            continue
+                        d2 = compute_ns(ins, params, alt)
+                        if reorder:
+                            s2 = epools[alt]._earliest(dep, d2)
+                        else:
+                            f2 = free.get(alt, 0.0)
+                            s2 = dep if dep > f2 else f2
+                        if s2 + d2 < e:
+                            eng, dur, s, e = alt, d2, s2, s2 + d2
+                if reorder and eng in epools:
+                    epools[eng]._insert(s, dur)
                 tt = eo = e + lat.get(eng, 0.0)
             free[eng] = e
             if eng in busy:

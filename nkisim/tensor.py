@@ -86,7 +86,8 @@ class Allocation:
 
     __slots__ = ("id", "buffer", "name", "key", "row_bytes", "p_base", "shadow", "param",
                  "mutable", "live", "pbytes", "banks", "loop", "file", "line", "direct",
-                 "dtype", "shape", "epoch", "hi", "gen", "full", "uniform", "__weakref__")
+                 "dtype", "shape", "epoch", "hi", "gen", "full", "uniform", "taint",
+                 "__weakref__")
 
     def __init__(self, buffer, name, dtype, shape):
         self.buffer = buffer          # "hbm" | "sbuf" | "psum"
@@ -112,6 +113,7 @@ class Allocation:
         self.gen = 0                  # number of writes (nkisim.checks)
         self.full = -1                # True once fully written, else `gen` of the last check
         self.uniform = None           # the epoch of every shadow element, when known
+        self.taint = None             # the uninitialized read its never-written values came from
 
 
 _ids = iter(range(1, 1 << 62))
@@ -146,8 +148,12 @@ def _site_key(run, buffer, file, line, result=False):
     n = counts.get(site, 0)
     counts[site] = n + 1
     mb = run.multi_buffer        # buffers per site in affine_range bodies (runtime.py)
-    if result and mb > 1 and run.loops and run.loops[-1].kind == "affine":
-        return (buffer, file, line, n, run.loops[-1].iteration % mb)
+    if mb > 1 and run.loops and run.loops[-1].kind == "affine":
+        if result:
+            return (buffer, file, line, n, run.loops[-1].iteration % mb)
+        # a declared tile: multi-buffered too unless a DMA fills it (the scheduler decides,
+        # nkisim.schedule._Renamer; evidence in nkisim.cost, "buffers")
+        return (buffer, file, line, n, run.loops[-1].iteration % mb, "decl")
     return (buffer, file, line, n)
 
 
@@ -160,11 +166,14 @@ def _new_alloc(run, kind, name, dtype, shape, arr, file, line):
 
 
 def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
-             poison=True) -> Tensor:
+             poison=True, storage=None) -> Tensor:
     """Create a tensor (``nl.ndarray``/``zeros``/``full``...) in the current kernel.
 
     ``poison=False`` is for an instruction's result tile that is written whole right away:
-    filling it with NaN first would be wasted work.
+    filling it with NaN first would be wasted work. ``storage``: for such a tile, an array the
+    instruction just computed and nobody else references; when it already has the tile's
+    storage dtype and layout it becomes the tile's storage (no copy: ``write`` then only
+    stamps the shadow), otherwise it is ignored.
     """
     run = context.current()
     buf = buffer_of(buffer)
@@ -176,6 +185,9 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
     file, line = context.caller_location()
     name = name or _infer_name(file, line, f"{buf.kind}_tensor")
     sdt = dtypes.storage(dt)
+    if 0 in shape:      # region arithmetic divides by the free size (issue 9: (128, 0) input)
+        raise nki_error("nkisim_empty_tensor", what=f"{buf.kind.upper()} tensor", name=name,
+                        shape=shape_str(shape))
 
     if buf.kind == "hbm":
         if fill is not None:
@@ -199,16 +211,25 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
         return t
 
     # --- SBUF / PSUM ---
-    if len(shape) < 2:
+    # A tile the kernel creates needs 2 dimensions (NKI known issues: "nl.zeros((128, ), ...)
+    # this won't work"); an instruction's result may be a 1-D partition vector (P,): basic
+    # indexing drops integer-indexed dimensions (`buf[:, 0]` is [P], programming model, "Basic
+    # Tensor Indexing": `x[:, 1, 0:2].shape == [2, 2]`), and the known-issues page recommends
+    # `my_sbuf[0:N, 0]`; AWS's flash attention does `nl.copy(m_buffer[:, 0])`.
+    if not shape or (len(shape) < 2 and api.startswith("nl.")):
         raise nki_error("nkisim_insufficient_rank", buffer=buf.kind.upper(), name=name,
                         shape=shape_str(shape), n=shape[0] if shape else 1)
     P = shape[paxis]
     if P > run.arch.pmax:
         raise nki_error("err_num_partition_exceed_arch_limit", n=P, limit=run.arch.pmax)
     if paxis != 0:
-        run.warn(("block", file, line), "block dimensions (dimensions before the partition "
+        run.rule(("block", file, line), "block dimensions (dimensions before the partition "
                  "dimension) are deprecated in NKI: put them in the free dimensions or use "
-                 "lists of tiles (warn_block_dimension_is_deprecated)")
+                 "lists of tiles (warn_block_dimension_is_deprecated)",
+                 "The SBUF/PSUM tensors in NKI used to allow block dimensions in front of the "
+                 "partition dimension. The block dimension support has been removed",
+                 "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/nki/"
+                 "nki_block_dimension_migration_guide.html")
     blocks, free = shape[:paxis], shape[paxis + 1:]
     nfree = math.prod(free)
     nblocks = math.prod(blocks)
@@ -222,8 +243,19 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
             raise nki_error("err_tensor_creation_on_scratchpad_with_init_value_not_supported")
         return _allocate_direct(run, buf, name, dt, shape, paxis, file, line)
 
+    if buf.kind == "sbuf" and "capacity" in run.checks and pbytes > run.arch.sbuf_usable_bytes:
+        # Refuse before NumPy tries to allocate it: a (128, 1e9) tile is the SBUF overflow the
+        # device compiler reports, not a host MemoryError (issue 9).
+        raise nki_error("nkisim_sbuf_overflow", need=run.memory.sbuf_live + pbytes,
+                        limit=run.arch.sbuf_usable_bytes, target=run.arch.name,
+                        largest=f"`{name}` {shape_str(shape)} {dtypes.name(dt)}: {pbytes} B "
+                                f"({context.where(file, line)})")
     phys_shape = (P,) + blocks + free
-    if fill is None:
+    if storage is not None and fill is None and not poison and not paxis and \
+            dt == sdt and storage.dtype == sdt and storage.shape == phys_shape and \
+            storage.flags.c_contiguous and storage.flags.writeable:
+        arr = storage            # adopted: the instruction computed straight into the tile
+    elif fill is None:
         arr = np.full(phys_shape, dtypes.poison(dt), dtype=sdt) if poison else \
             np.empty(phys_shape, dtype=sdt)
     else:
@@ -332,7 +364,7 @@ class Tensor:
     """An NKI tensor or a view of one (``nki.tensor`` in the real API)."""
 
     __slots__ = ("_arr", "_w", "root", "dtype", "shape", "paxis", "_idx", "_slots", "_producer",
-                 "_inplace", "_off", "_oob", "_mask", "__weakref__")
+                 "_inplace", "_off", "_oob", "_mask", "_reduce", "__weakref__")
     __array_priority__ = 1000
 
     def __init__(self, arr, shadow, root, dtype, shape, paxis, idx, off=0):
@@ -349,6 +381,7 @@ class Tensor:
         self._inplace = False
         self._oob = None            # (out-of-bound elements, error fields): see normalize_key
         self._mask = None           # the mask the last masked write of this view used
+        self._reduce = None         # ALU op of a pending `dst[...] = nl.loop_reduce(...)`
 
     # --- nki.tensor API (ref §1.2) ---
     @property
@@ -374,8 +407,11 @@ class Tensor:
     def __len__(self):
         return self.shape[0]
 
-    def reshape(self, *shape):
-        """A view with a new shape (no copy). Element counts must match."""
+    def reshape(self, *shape, **kwargs):
+        """A view with a new shape (no copy). Element counts must match. The shape may be given
+        as ``shape=`` (AWS's nki-samples reference/vision.py: ``a.reshape(shape=(...))``)."""
+        if not shape and ("shape" in kwargs or "newshape" in kwargs):
+            shape = (kwargs.get("shape", kwargs.get("newshape")),)
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
         shape, paxis = split_shape(shape)
@@ -415,8 +451,30 @@ class Tensor:
         return nl.copy(self, dtype=dtype)
 
     def broadcast_to(self, shape):
-        from . import language as nl
-        return nl.broadcast_to(self, shape=shape)
+        """A broadcast *view* of a tile: "Return a new view of the tensor, no copy will occur"
+        (nki.tensor.broadcast_to docstring); no buffer, no instruction (AWS's
+        tutorials/layernorm broadcasts gamma to [128, F] this way). ``nl.broadcast_to`` is the
+        instruction that makes a new tile."""
+        shape = tuple(int(s) for s in shape)
+        if shape == self.shape:
+            return self
+        if self.root.buffer == "hbm" or self._idx is not None or self._slots is not None or \
+                self.paxis != 0:
+            from . import language as nl
+            return nl.broadcast_to(self, shape=shape)
+        src = self.shape if len(self.shape) >= 2 else (self.shape[0], 1)
+        try:
+            arr = np.broadcast_to(self._arr.reshape(src), shape)
+            w = None if self._w is None else np.broadcast_to(self._w.reshape(src), shape)
+        except ValueError:
+            raise nki_error("nkisim_shape_mismatch", params=f"src{shape_str(self.shape)}",
+                            api="broadcast_to",
+                            why=f"cannot broadcast to {shape_str(shape)}") from None
+        run = context.current()
+        if shape[0] > run.arch.pmax:
+            raise nki_error("err_num_partition_exceed_arch_limit", n=shape[0],
+                            limit=run.arch.pmax)
+        return Tensor(arr, w, self.root, self.dtype, shape, 0, None, self._off)
 
     def expand_dims(self, axis):
         self._plain("expand_dims")
@@ -448,6 +506,17 @@ class Tensor:
             return indirect_getitem(self, key)
         oob = []
         kind, k = normalize_key(key, self.shape, self.name, oob)
+        if kind == "basic" and self.root.buffer != "hbm" and self.paxis == 0 and k and \
+                isinstance(k[0], slice) and len(self.shape) >= 2 and \
+                sum(isinstance(x, slice) for x in k) + len(self.shape) - len(k) < 2:
+            # An SBUF/PSUM tile keeps 2 dimensions (partition, free): `buf[:, i]` is a
+            # [P, 1] tile. The known-issues page says tiles need 2 dimensions and recommends
+            # `my_sbuf[0:N, 0]` to access an [N, 1] buffer; AWS's reference/attention.py passes
+            # `l_buffer[:, i]` to a helper documented "l_buffer: (B_P_SIZE, 1)" that indexes it
+            # `l_buffer[:, 0]`. (HBM tensors drop integer-indexed dimensions as in NumPy, as
+            # the programming model's "Basic Tensor Indexing" shows.)
+            j = max(i for i, x in enumerate(k) if not isinstance(x, slice))
+            k = k[:j] + (slice(k[j], k[j] + 1, 1),) + k[j + 1:]
         if kind == "basic":
             src = self._arr
             arr = src[k + (Ellipsis,)]     # all-int keys: a 0-d view, not a NumPy scalar
@@ -497,12 +566,15 @@ class Tensor:
         return tile[rest] if rest else tile
 
     def __setitem__(self, key, value):
+        # `dst[...] = nisa.op(...)` (a temporary) vs `dst[...] = t` (an existing tile): the
+        # first retargets the instruction, the second is a copy (see assign)
+        fresh = _TEMP_REFS is None or sys.getrefcount(value) <= _TEMP_REFS
         dst = self[key]
         if isinstance(value, Tensor) and value._inplace:
             value._inplace = False
             if value.root is dst.root and value.shape == dst.shape:
                 return                   # `t[...] += x` already wrote in place
-        assign(dst, value)
+        assign(dst, value, fresh=fresh)
 
     # --- Python operators map to nl.* (ref §1.8) ---
     def _op(self, name, other, reverse=False):
@@ -605,14 +677,97 @@ def read(t: Tensor, api: str, run=None) -> np.ndarray:
         try:
             checks.check_read(run, t, api)
         except ValueError as e:
-            if getattr(e, "nki_code", "") not in ("nkisim_uninitialized_read",
-                                                   "nkisim_loop_carried_dependency"):
+            code = getattr(e, "nki_code", "")
+            if code not in (_UNINIT, "nkisim_loop_carried_dependency"):
                 raise
             m = _active_mask(t.shape)
-            if m is None:
+            if m is None and code != _UNINIT:
                 raise
-            checks.check_read(run, _masked_shadow_view(t, m, run), api)
+            view = t if m is None else _masked_shadow_view(t, m, run)
+            try:
+                if m is None:
+                    raise
+                checks.check_read(run, view, api)
+            except ValueError as e2:
+                if getattr(e2, "nki_code", "") != _UNINIT:
+                    raise
+                _taint(run, view, e2)
+                checks.check_read(run, view, api, uninit=False)
     return values(t)
+
+
+# ---------------------------------------------------------------------------------------------
+# never-written values: an error where they become observable, not where they are read
+#
+# On the device a read of never-written SBUF/PSUM returns whatever the memory held; it only
+# matters if those values reach a result. AWS's tutorials/layernorm (nrows not a multiple of
+# 128) runs row-wise ops on the rows a masked load skipped and stores the result with the same
+# mask, as do the masked kernels of the programming model ("NKI API Masking"). So an instruction
+# that reads never-written elements (its mask aside) does not fail: the elements of its result
+# computed from them are marked never-written too (the partitions they came from, for the
+# partition-parallel engines; the whole result for the Tensor Engine, which mixes partitions).
+# The read becomes `nkisim_uninitialized_read`, naming the first read of never-written memory,
+# when such values are written to HBM (a store, a DMA), i.e. when garbage would leave the chip.
+
+_UNINIT = "nkisim_uninitialized_read"
+# instructions whose result partitions are not the partitions they read
+_CROSS_PARTITION = frozenset({"nc_matmul", "nc_transpose", "broadcast_to", "load_transpose2d",
+                              "matmul", "transpose"})
+
+
+def _taint(run, view, exc) -> None:
+    """Note that the current instruction read never-written elements of ``view``."""
+    w = checks.shadow_view(view)
+    bad = w == 0
+    origin = getattr(view.root, "taint", None) or exc
+    rows = bad.reshape(bad.shape[0], -1).any(axis=1) if bad.ndim else bad.reshape(1)
+    prev = run.taint
+    if prev is not None:
+        prows, porigin = prev
+        rows = (rows | prows) if prows is not None and prows.shape == rows.shape else None
+        origin = porigin
+    run.taint = (rows, origin)
+
+
+def _apply_taint(run, t: Tensor, api: str, mask) -> None:
+    """Mark the elements of ``t`` just written from never-written values (see above); raise
+    the read's error if they were written to HBM."""
+    rows, origin = run.taint
+    if t.root.buffer == "hbm":
+        run.taint = None
+        raise origin
+    if t._w is None:
+        return
+    shape = t.shape
+    bad = np.ones(shape, bool)
+    if rows is not None and api not in _CROSS_PARTITION and shape and rows.size == shape[0]:
+        bad = np.broadcast_to(rows.reshape((-1,) + (1,) * (len(shape) - 1)), shape)
+    if mask is not None:
+        bad = bad & np.broadcast_to(mask, shape)
+    if t._idx is None:
+        t._w[bad] = 0
+    else:
+        t._w[tuple(np.broadcast_to(i, shape)[bad] for i in _full_idx(t._idx, t))] = 0
+    root = t.root
+    root.full = -1
+    root.uniform = None
+    if getattr(root, "taint", None) is None:
+        root.taint = origin
+
+
+def inherit_taint(dst: Tensor, src: Tensor) -> None:
+    """``dst`` was written with ``src``'s values without a read (a retargeted instruction, the
+    matmul accumulation): its never-written elements stay never-written."""
+    if src._w is None or dst._w is None:
+        return
+    w = checks.shadow_view(src)
+    if w.size and int(w.min()) == 0 and getattr(src.root, "taint", None) is not None:
+        run = context.current()
+        run.taint = (None, src.root.taint)
+        try:
+            _apply_taint(run, dst, "", None)
+        finally:
+            run.taint = None
 
 
 def _check_oob(t: Tensor, mask) -> None:
@@ -638,6 +793,8 @@ def _active_mask(shape):
     f = sys._getframe(2)
     while f is not None and f.f_code.co_filename.startswith(context._PKG_DIR):
         m = f.f_locals.get("mask")
+        if isinstance(m, (bool, np.bool_)):          # a plain bool mask: all or nothing
+            return None if m else np.zeros(tuple(shape), bool)
         if m is not None:
             m = getattr(m, "v", m)
             if not isinstance(m, np.ndarray) or m.dtype != np.bool_:
@@ -661,8 +818,30 @@ def _needed(mask: np.ndarray, shape: tuple):
     return m.reshape(shape) if m.size == math.prod(shape) else None
 
 
-def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None) -> None:
-    """Write engine results into a view, rounding to its dtype; stamp the shadow."""
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def _copy(dst: np.ndarray, vals) -> None:
+    """``dst[...] = vals``. Same-dtype values are copied bit for bit through an integer ufunc
+    rather than ``memmove``: glibc's ``rep movsb`` copy is 5-10x slower when source and
+    destination are 4 KiB-aliased, as two fresh 256 KiB NumPy blocks (a 128x512 fp32 tile) are
+    (measured on the 2-core machine: 93 us against 9 us per 128x512 fp32 copy; issue 12)."""
+    if vals is dst:
+        return                    # adopted storage (``allocate(storage=)``): already in place
+    if type(vals) is np.ndarray and vals.dtype == dst.dtype and vals.dtype.itemsize in _UINT \
+            and vals.dtype.kind != "O":
+        u = _UINT[vals.dtype.itemsize]
+        np.positive(vals.view(u), out=dst.view(u))
+    else:
+        dst[...] = vals
+
+
+def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
+          add=None) -> None:
+    """Write engine results into a view, rounding to its dtype; stamp the shadow.
+
+    ``add`` (fp32 storage, whole view, no mask): add these values to the view in place
+    instead of writing ``vals`` (``psum += nc_matmul``: one pass, no temporary)."""
     run = run or context.current()
     root = t.root
     if root.param and not root.mutable and "inputs" in run.checks:
@@ -685,9 +864,11 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None) -
         vals = dtypes.cast(vals, dt)
     idx = t._idx
     with np.errstate(over="ignore", invalid="ignore"):
-        if mask is None:
+        if add is not None:
+            np.add(t._arr, add, out=t._arr)
+        elif mask is None:
             if idx is None:
-                t._arr[...] = vals
+                _copy(t._arr, vals)
             else:
                 t._arr[idx] = vals
         else:
@@ -711,6 +892,8 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None) -
             else:
                 sel = tuple(np.broadcast_to(i, t.shape)[m] for i in _full_idx(idx, t))
                 t._w[sel] = run.epoch
+    if run.taint is not None:
+        _apply_taint(run, t, api, mask)
 
 
 def _full_idx(idx, t):
@@ -769,24 +952,55 @@ def fit(vals: np.ndarray, dst_shape, src_shape=None) -> np.ndarray:
                     src=shape_str(src_shape))
 
 
-def assign(dst: Tensor, value) -> None:
-    """``dst[...] = value``: retarget the producing instruction, or copy."""
+def _temp_refs():
+    """``sys.getrefcount`` of a temporary right-hand side inside ``__setitem__`` when it is
+    smaller than that of a named one (CPython <= 3.13); None when the two cannot be told apart
+    (then every ``dst[...] = t`` whose ``t`` came from the last instruction retargets it)."""
+    class Probe:
+        def __setitem__(self, key, value):
+            self.n = sys.getrefcount(value)
+
+    def probe():
+        p = Probe()
+        p[...] = object()
+        temp = p.n
+        named = object()
+        p[...] = named
+        return temp, p.n
+    temp, named = probe()
+    return temp if named > temp else None
+
+
+_TEMP_REFS = _temp_refs()
+
+
+def assign(dst: Tensor, value, fresh: bool = True) -> None:
+    """``dst[...] = value``: retarget the producing instruction, or copy.
+
+    ``dst[...] = nisa.op(...)`` (``fresh``: the value is a temporary) makes the instruction
+    write ``dst``. ``dst[...] = t`` of an existing tile ``t`` is a copy, whichever instruction
+    was issued last. A Tensor Engine result (``nc_matmul``, ``nc_transpose``) assigned to an
+    SBUF tile lands there through PSUM: the compiler adds the PSUM -> SBUF copy (AWS's
+    tutorials/sd_attention and reference/double_row_matmul.py do ``sbuf_tile[...] =
+    nisa.nc_transpose(...)``; both pass AWS's CI)."""
     run = context.current()
     if isinstance(value, IndexExpr):
         raise nki_error("err_cannot_assign_to_index")
+    if isinstance(value, Tensor) and value._reduce is not None:
+        _loop_reduce_into(run, dst, value)
+        return
     if isinstance(value, Tensor):
         producer = value._producer
-        if producer is not None and run.trace.instrs and run.trace.instrs[-1] is producer \
-                and value.root.buffer != "hbm":
+        via_psum = producer is not None and producer.engine == "tensor" and \
+            producer.op in ("nc_matmul", "nc_transpose") and dst.root.buffer != "psum"
+        if fresh and not via_psum and producer is not None and run.trace.instrs and \
+                run.trace.instrs[-1] is producer and value.root.buffer != "hbm":
             # `dst[...] = nisa.op(...)`: the instruction writes straight into dst (only the
             # elements its mask computed, ref §1.12).
             vals = fit(values(value), dst.shape, value.shape)
             m = None if value._mask is None else fit(value._mask, dst.shape, value.shape)
-            if producer.op in ("nc_matmul", "nc_transpose") and dst.root.buffer == "sbuf" and \
-                    producer.engine == "tensor":
-                raise nki_error("err_unsupported_memory", param="dst", api=producer.op,
-                                expected="psum", got="sbuf")
             write(dst, vals, producer.op, run=run, mask=m)
+            inherit_taint(dst, value)
             producer.writes = (region(dst),)
             producer.dtype = dtypes.name(dst.dtype)
             run.memory.release(value.root)
@@ -800,7 +1014,8 @@ def assign(dst: Tensor, value) -> None:
             write(dst, src_vals, "tensor_copy", run=run)
             run.record("tensor_copy", "vector", (region(value),), (region(dst),),
                        dtypes.name(dst.dtype), _partitions(dst), _free(dst),
-                       {"inputs": 1, "psum_in": value.root.buffer == "psum"})
+                       {"inputs": 1, "psum_in": value.root.buffer == "psum",
+                        "auto_engine": True})      # the compiler picks the engine (nkisim.cost)
         return
     if isinstance(value, (int, float, np.integer, np.floating, bool)):
         write(dst, np.full(dst.shape, value, dtype=np.float32 if isinstance(
@@ -810,6 +1025,22 @@ def assign(dst: Tensor, value) -> None:
         return
     raise nki_error("nkisim_invalid_argument", api="assignment",
                     why=f"cannot assign a {type(value).__name__} to NKI tensor `{dst.name}`")
+
+
+def _loop_reduce_into(run, dst: Tensor, value: Tensor) -> None:
+    """``dst[idx] = nl.loop_reduce(x, op=...)``: ``dst[idx] = op(x, dst[idx])``, an associative
+    reduction across the loop (exempt from the race checks, like ``acc += x``)."""
+    from . import language as nl
+    name, value._reduce = value._reduce, None
+    if dst._w is not None:
+        checks.check_read(run, dst, "loop_reduce", accumulate=True)
+    a = dtypes.to_f32(read(value, "loop_reduce", run))
+    b = dtypes.to_f32(values(dst))
+    out = nl.apply_binary(name, fit(a, dst.shape, value.shape), b)
+    write(dst, out, "loop_reduce", accumulate=True, run=run)
+    run.record("tensor_tensor", "vector", (region(value), region(dst)), (region(dst),),
+               dtypes.name(dst.dtype), _partitions(dst), _free(dst),
+               {"inputs": 2, "alu": name})
 
 
 def inplace(t: Tensor, other, opname: str) -> Tensor:
@@ -827,12 +1058,39 @@ def inplace(t: Tensor, other, opname: str) -> Tensor:
                      f"PSUM accumulator `{t.name}` is {dtypes.name(t.dtype)}: matmul accumulates "
                      "in fp32 PSUM; keep accumulators float32 (CS149 forum) or every partial sum "
                      "is rounded")
-        if t._w is not None:     # the associative accumulation is exempt from race checks
-            checks.check_read(run, t, "nc_matmul (accumulate)", accumulate=True)
         cur = values(t)
+        fresh = None
+        if t._w is not None:     # the associative accumulation is exempt from race checks
+            w = checks.shadow_view(t)
+            fresh = w == 0
+            if fresh.any():
+                # The first matmul of an accumulation group overwrites the PSUM bank, later
+                # ones accumulate (arch guide, "Near-memory accumulation in PSUM"; nki 0.3
+                # nc_matmul accumulate=None: "the first write to a PSUM location overwrites
+                # and later writes accumulate, this matches NKI 0.2.0 behavior"). AWS's
+                # tutorials/attention_fwd_performance and reference/allocated_fused_linear.py
+                # accumulate into nl.ndarray PSUM tiles: not an uninitialized read. The docs'
+                # pattern starts from nl.zeros: a tolerated rule.
+                run.rule(("psum_ndarray_acc", t.root.id),
+                         f"`{t.name} += nisa.nc_matmul(...)` into a PSUM tile created without "
+                         "zeros (nl.ndarray): the first matmul overwrites it",
+                         "condition 1: a psum buffer with zeros",
+                         "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/nki/"
+                         "arch/trainium_inferentia2_arch.html#near-memory-accumulation-in-psum")
+                checks.check_read(run, _masked_shadow_view(t, ~fresh, run),
+                                  "nc_matmul (accumulate)", accumulate=True)
+            else:
+                checks.check_read(run, t, "nc_matmul (accumulate)", accumulate=True)
         inc = fit(values(other), t.shape, other.shape)
-        acc = np.add(cur, inc) if cur.dtype == np.float32 else cur.astype(np.float32) + inc
-        write(t, acc, "nc_matmul", accumulate=True, run=run)
+        if fresh is not None and fresh.any():
+            acc = cur.astype(np.float32) + inc
+            write(t, np.where(fresh, inc, acc), "nc_matmul", accumulate=True, run=run)
+        elif cur.dtype == np.float32 and t._idx is None and t.dtype == np.dtype(np.float32):
+            # fp32 PSUM: accumulate in place (one pass over the tile, no temporary)
+            write(t, None, "nc_matmul", accumulate=True, run=run, add=inc)
+        else:
+            write(t, cur.astype(np.float32) + inc, "nc_matmul", accumulate=True, run=run)
+        inherit_taint(t, other)
         instr.writes = (region(t),)
         instr.detail["accumulate"] = True
         run.memory.release(other.root)
@@ -840,14 +1098,20 @@ def inplace(t: Tensor, other, opname: str) -> Tensor:
         t._inplace = True
         return t
     from . import language as nl
-    if t.root.buffer == "sbuf" and any(lp.kind == "affine" for lp in run.loops):
-        run.warn(("iadd_sbuf", t.root.id),
-                 f"`{t.name} {'+-*/'[['add', 'subtract', 'multiply', 'divide'].index(opname)]}= "
-                 "...` on an SBUF tile inside affine_range: NKI only reliably supports += for "
-                 "the PSUM matmul accumulation; write `t[...] = nl.add(t, x)` in a "
-                 "sequential_range loop")
-    res = getattr(nl, opname)(t, other)
-    assign(t, res)
+    # `acc[...] += x` (or *=) is an associative reduction: "associative reductions are not
+    # considered loop carried dependencies" in affine_range (nl.affine_range docstring,
+    # programming model "NKI iterators"; AWS's tutorials/fused_mamba v1 accumulates
+    # `scanC_accum += ...` into an SBUF tile across affine_range iterations). The accumulation
+    # is exempt from the race checks like the PSUM matmul accumulation; reading the partial
+    # result inside the loop still is a loop-carried dependency (nkisim.checks). -= and /= are
+    # not associative: checked as usual.
+    assoc = opname in ("add", "multiply")
+    prev, run.assoc = run.assoc, (t.root if assoc else None)
+    try:
+        res = getattr(nl, opname)(t, other)
+        assign(t, res)
+    finally:
+        run.assoc = prev
     t._inplace = True
     return t
 

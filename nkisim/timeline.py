@@ -141,14 +141,19 @@ def to_chrome_trace(schedule, trace=None) -> dict:
                                       "tid": DMA_TID0 + q, "ts": s / 1e3, "dur": (e - s) / 1e3,
                                       "args": args}))
         else:
-            tid = tids.get(ins.engine)
+            # the engine the schedule ran it on (the compiler's choice for a copy the kernel
+            # left to it, nkisim.cost "engine choice")
+            eng = schedule.engine[i] if i < len(schedule.engine) else ins.engine
+            tid = tids.get(eng)
             if tid is None:                       # an engine the exporter does not know
-                tid = tids[ins.engine] = DMA_TID0 + nq + len(tids)
-                ev += _meta(tid, str(ins.engine), tid)
+                tid = tids[eng] = DMA_TID0 + nq + len(tids)
+                ev += _meta(tid, str(eng), tid)
             s = round(float(start[i]))
-            ev.append({"ph": "X", "name": ins.op, "cat": ins.engine, "pid": PID, "tid": tid,
+            args = _args(ins, i)
+            args["engine"] = eng
+            ev.append({"ph": "X", "name": ins.op, "cat": eng, "pid": PID, "tid": tid,
                        "ts": s / 1e3, "dur": (round(float(end[i])) - s) / 1e3,
-                       "args": _args(ins, i)})
+                       "args": args})
     # The schedule shares DMA bandwidth and issue as pools served in readiness order, so two
     # transfers can briefly overlap on one queue (or issue). Slices on one track must not
     # overlap, so such a slice goes to an extra lane shown under its track.

@@ -13,3 +13,13 @@
 Submodules are imported on demand; importing the package itself is cheap (the pytest plugin
 loads it in every session).
 """
+
+__all__ = ["register", "use_kernel"]
+
+
+def __getattr__(name):
+    # nkiverify.register / nkiverify.use_kernel without importing NumPy at package import
+    if name in ("register", "use_kernel"):
+        from . import registry
+        return getattr(registry, name)
+    raise AttributeError(f"module 'nkiverify' has no attribute {name!r}")

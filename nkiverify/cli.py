@@ -1,24 +1,35 @@
-"""``nki-verify``: run every kernel on the course's configurations, or estimate one's latency.
+"""``nki-verify``: check kernels (yours or ours) on the course's configurations, or time one.
 
-    nki-verify [run] [--backend nkisim] [--target trn2] [--dtypes float16,bfloat16]
-               [--cases PATTERN] [--quick] [--report PATH]
-        Runs every case of fixtures/configs.py (the course's harness configurations and the
-        extras) in each of its dtypes on the backend, compares with the golden models and prints
-        a table: case, dtype, pass/fail, max/p99 ULP error, max relative error, elapsed time.
-        Progress goes to stderr as cases start and finish. Exit status 1 if any case fails.
+    nki-verify [run] [--kernel [NAME=]PATH:FUNC ...] [--backend nkisim] [--target trn2]
+               [--dtypes float16,bfloat16] [--cases PATTERN] [--quick] [-j N] [--report PATH]
+        Runs every case of nkiverify/fixtures/configs.py (the course's harness configurations and
+        the extras) in each of its dtypes, compares with the golden models and prints a table:
+        case, dtype, result, the worst error as a fraction of the allowed error (what decides),
+        max abs and rel error, max ULP (element-wise kernels only), time. ``--kernel`` runs
+        your kernel instead of ours for its family (repeatable); ``-j N`` runs N cases at a
+        time in worker processes (default: the core count), same output order.
+
+    nki-verify course DIR [--quick] [-j N] [--report PATH]
+        Checks an assignment checkout: finds DIR/part1/kernels.py and DIR/part2/conv2d.py, runs
+        every course configuration and extra in every dtype on the kernels it defines,
+        estimates the conv2d/transpose latencies against the course's thresholds and ends with
+        a summary saying what to fix first.
+
+    nki-verify case KERNEL --params K=V,... [--dtype D] [--seed S] [--dist D] [--kernel REF]
+        Runs one case (the command a failed hypothesis example prints to reproduce it).
 
     nki-verify list [--cases PATTERN] [--quick]
         The cases, their parameters and dtypes.
 
-    nki-verify bench KERNEL [-n N] [-m M] [--shape ...] [--dtype float16] [--pool 2]
-                     [--image 224x224] [--batch B] [--channels 256x256] [--filter 3]
+    nki-verify bench [KERNEL] [--kernel REF] [-n N] [-m M] [--shape ...] [--dtype float16]
+                     [--pool 2] [--image 224x224] [--batch B] [--channels 256x256] [--filter 3]
                      [--no-bias] [--target trn1|trn2] [--trace FILE] [--backend nkisim|device]
         Estimated latency (µs), MFU, bottleneck and engine busy % of one kernel call, from
-        nkisim's cost model (or p99 of nki.benchmark on a device), like the course's
-        run_benchmark.py / test_harness.py print on hardware; ``--trace`` writes the engine
-        timeline as Perfetto/Chrome trace JSON. KERNEL: naive, tiled, stream, transpose, conv2d.
-        The defaults are the course's sizes (conv2d: its performance configuration, B=1,
-        256->256, 224x224, 3x3, bias).
+        nkisim's cost model (or p99 of nki.benchmark on a device), with the course's verdict
+        where the course grades the configuration.
+
+Exit status: 0 every case passed, 1 a case failed (or raised), 2 a usage error (the message
+names the argument). The JSON report format is documented in docs/report-schema.md.
 """
 
 from __future__ import annotations
@@ -29,39 +40,88 @@ import os
 # 128x512) for which OpenBLAS threads cost more than they give. Measured on 2 cores: the B=1
 # 224x224 fp32 conv2d simulates in 2.7 s with one thread, 12.5 s with two; the float64 golden
 # models are at most 2x slower with one thread. Set OPENBLAS_NUM_THREADS to override.
+# (This is the nki-verify command's own process, never a pytest session's.)
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import argparse  # noqa: E402
+import ast  # noqa: E402
 import fnmatch  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 
-from fixtures.configs import CASES, KERNELS, THRESHOLDS_US, TRANSPOSE_EC_US  # noqa: E402
-
 from . import registry  # noqa: E402
+from ._util import UsageError, check_report_path, reproduce_command  # noqa: E402, F401
 from .backends import get_backend  # noqa: E402
+from .fixtures.configs import (  # noqa: E402
+    ALL_DTYPES,
+    CASES,
+    KERNELS,
+    THRESHOLDS_US,
+    TRANSPOSE_EC_US,
+)
 
 RUN_BACKENDS = ("nkisim", "neuronxcc", "device")
+TARGETS = ("trn1", "trn2")
 _CASE_IDS = {c.id for c in CASES}
 
 
-# ---- helpers ------------------------------------------------------------------------------
+# ---- argument types (each names what it expects) -------------------------------------------
 
-def _dtype_list(text: str | None) -> list[str] | None:
-    if not text:
-        return None
-    names = []
-    for part in text.split(","):
-        part = part.strip()
-        if part:
-            try:
-                names.append(registry.dtype_name(part))
-            except TypeError:
-                raise SystemExit(f"nki-verify: unknown dtype {part!r}") from None
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def dtype_arg(text: str) -> str:
+    try:
+        name = registry.dtype_name(text.strip())
+    except TypeError:
+        name = None
+    if name not in ALL_DTYPES:
+        raise argparse.ArgumentTypeError(
+            f"unknown dtype {text!r}; use one of {', '.join(ALL_DTYPES)}")
+    return name
+
+
+def dtype_list(text: str) -> list[str]:
+    names = [dtype_arg(part) for part in text.split(",") if part.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"no dtype in {text!r}")
     return names
 
+
+def _default_target() -> str:
+    target = os.environ.get("NKISIM_TARGET") or "trn2"
+    return target.lower()
+
+
+def _check_target(target: str) -> str:
+    if target not in TARGETS:
+        raise UsageError(f"unknown target {target!r} (from NKISIM_TARGET or --target); nkisim "
+                         f"simulates {', '.join(TARGETS)}")
+    return target
+
+
+def use_kernels(refs) -> list:
+    """Apply ``--kernel`` references (raises UsageError with the argument)."""
+    specs = []
+    for ref in refs or ():
+        try:
+            specs.append(registry.use_kernel(ref))
+        except registry.KernelRefError as exc:
+            raise UsageError(f"--kernel: {exc}") from None
+    return specs
+
+
+# ---- selection -----------------------------------------------------------------------------
 
 def _matches(case, pattern: str) -> bool:
     """A case id, a kernel name, a glob over case ids (``conv2d-small*``) or else a
@@ -75,20 +135,30 @@ def _matches(case, pattern: str) -> bool:
     return pattern in case.id
 
 
-def _select(pattern: str | None, quick: bool, dtypes: list[str] | None):
-    """[(case, dtype)] matching the filters, in fixtures order."""
+def _select(pattern: str | None, quick: bool, dtypes: list[str] | None, *,
+            kernels=None, every_dtype: bool = False):
+    """[(case, dtype)] matching the filters, in fixtures order. ``every_dtype``: each case in
+    every dtype (once per distinct configuration), not only its own."""
     patterns = [p.strip() for p in (pattern or "").split(",") if p.strip()]
-    out = []
+    out, seen = [], set()
     for case in CASES:
         if quick and case.slow:
             continue
+        if kernels is not None and case.kernel not in kernels:
+            continue
         if patterns and not any(_matches(case, p) for p in patterns):
             continue
-        for dt in case.dtypes:
+        for dt in (ALL_DTYPES if every_dtype else case.dtypes):
+            key = (case.kernel, tuple(sorted(case.params.items())), case.dist, dt)
+            if every_dtype and key in seen:
+                continue
+            seen.add(key)
             if dtypes is None or dt in dtypes:
                 out.append((case, dt))
     return out
 
+
+# ---- formatting ----------------------------------------------------------------------------
 
 def _fmt(value, spec):
     return "-" if value is None else format(value, spec)
@@ -109,10 +179,10 @@ def _table(header, rows, right_from=2):
 class _Progress:
     """One line per case as it starts and as it finishes (stderr)."""
 
-    def __init__(self, total, stream=None):
+    def __init__(self, total, stream=None, parallel=False):
         self.total = total
         self.stream = stream or sys.stderr
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.tty = not parallel and hasattr(self.stream, "isatty") and self.stream.isatty()
         self.width = len(str(total))
 
     def start(self, i, label):
@@ -129,81 +199,210 @@ class _Progress:
         self.stream.flush()
 
 
+# ---- running cases (in this process or in workers) -------------------------------------------
+
+_WORKER: dict = {}
+
+
+def _worker_init(refs, backend_name, target):
+    """A worker process: the same kernel references and backend as the parent."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)     # the parent handles Ctrl-C
+    use_kernels(refs)
+    _WORKER["backend"] = get_backend(backend_name, target=target)
+
+
+def _run_one(job):
+    """Run one (kernel, params, dtype, seed, dist) case; a plain dict (picklable)."""
+    kernel, params, dtype, seed, dist = job
+    backend = _WORKER["backend"]
+    t0 = time.perf_counter()
+    result = {"passed": False, "stats": {}, "error": None, "message": None, "kernel_s": None,
+              "reduction_length": None}
+    try:
+        spec = registry.spec_for(kernel)
+        result["reduction_length"] = int(spec.reduction_length(params))
+        outcome = registry.run_case(spec, params, dtype, backend, seed=seed, dist=dist)
+        comparison = outcome.comparison
+        result["kernel_s"] = outcome.kernel_s
+        result["passed"] = outcome.passed
+        if comparison.stats is not None:
+            result["stats"] = comparison.stats.to_dict()
+        if not outcome.passed:
+            result["message"] = comparison.message()
+            result["error"] = "; ".join(comparison.reasons)
+    except Exception as exc:  # a kernel that raises is a failed case, not a crash
+        result["error"] = _one_line(exc)
+        result["message"] = result["error"] + "\n" + _user_traceback(exc)
+        result["raised"] = True
+    result["elapsed_s"] = time.perf_counter() - t0
+    return result
+
+
+def _one_line(exc) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _user_traceback(exc) -> str:
+    """The traceback's last frames, which are the kernel's lines (not ours)."""
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-4))
+
+
+def _run_jobs(jobs, labels, refs, backend, jobs_n, progress):
+    """Results in job order; ``KeyboardInterrupt`` returns what finished (interrupted=True)."""
+    results = [None] * len(jobs)
+    interrupted = False
+    if jobs_n <= 1 or len(jobs) <= 1:
+        _WORKER["backend"] = backend
+        try:
+            for i, job in enumerate(jobs):
+                progress.start(i + 1, labels[i])
+                results[i] = _run_one(job)
+                progress.finish(i + 1, labels[i], _verdict(results[i]),
+                                results[i]["elapsed_s"])
+        except KeyboardInterrupt:
+            interrupted = True
+        return results, interrupted
+    import concurrent.futures as cf
+    import multiprocessing
+    ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+    pool = cf.ProcessPoolExecutor(max_workers=jobs_n, mp_context=ctx, initializer=_worker_init,
+                                  initargs=(list(refs or ()), backend.name, backend.target))
+    try:
+        futures = {}
+        for i, job in enumerate(jobs):
+            futures[pool.submit(_run_one, job)] = i
+        for fut in cf.as_completed(futures):
+            i = futures[fut]
+            try:
+                results[i] = fut.result()
+            except Exception as exc:     # a worker died (out of memory, a crash in C)
+                results[i] = {"passed": False, "stats": {}, "error": _one_line(exc),
+                              "message": _one_line(exc), "kernel_s": None, "elapsed_s": 0.0,
+                              "raised": True, "reduction_length": None}
+            progress.finish(i + 1, labels[i], _verdict(results[i]), results[i]["elapsed_s"])
+    except KeyboardInterrupt:
+        interrupted = True
+        for fut in futures:
+            fut.cancel()
+    finally:
+        pool.shutdown(wait=not interrupted, cancel_futures=True)
+    return results, interrupted
+
+
+def _verdict(result) -> str:
+    if result is None:
+        return "NOT RUN"
+    if result["passed"]:
+        return "PASS"
+    return "ERROR" if result.get("raised") else "FAIL"
+
+
+def _show_ulp(result) -> bool:
+    """ULP only means something for a single rounding (element-wise ops, copies): after a long
+    reduction the allowed error is relative to the summed magnitudes, so an output next to
+    zero shows millions of its own ulps while well within tolerance."""
+    n = result.get("reduction_length")
+    return n is not None and n <= 1
+
+
+def _row_cells(case_id, dtype, source, result):
+    stats = result["stats"] if result else {}
+    ratio = stats.get("max_ratio")
+    ulp = (stats.get("ulp") or {}).get("max") if result and _show_ulp(result) else None
+    return (case_id, dtype, source, _verdict(result), _fmt(ratio, ".3g"),
+            _fmt((stats.get("abs") or {}).get("max"), ".2e"),
+            _fmt((stats.get("rel") or {}).get("max"), ".2e"), _fmt(ulp, ".3g"),
+            _fmt(result and result.get("kernel_s"), ".2f"),
+            _fmt(result and result.get("elapsed_s"), ".2f"))
+
+
+CASE_COLUMNS = ("case", "dtype", "source", "result", "err/allowed", "max abs", "max rel",
+                "max ULP", "kernel s", "total s")
+
+
+def _jobs_default() -> int:
+    return max(1, os.cpu_count() or 1)
+
+
+def _backend_or_usage(name, target):
+    backend = get_backend(name, target=target)
+    reason = backend.skip_reason()
+    if reason is not None:
+        raise UsageError(f"--backend {name}: the {name} backend is unavailable: {reason}")
+    return backend
+
+
+def run_selected(selected, args, refs, *, title="nki-verify"):
+    """Run (case, dtype) pairs; print the table and failures; return (records, failures,
+    interrupted, report)."""
+    from .report import CaseRecord, Report
+
+    backend = _backend_or_usage(args.backend, args.target)
+    jobs_n = args.jobs or _jobs_default()
+    print(f"{title}: {len(selected)} case runs on {backend.name} ({backend.target or 'device'})"
+          + (f", {jobs_n} at a time" if jobs_n > 1 and len(selected) > 1 else ""),
+          file=sys.stderr)
+    jobs = [(case.kernel, case.params, dt, registry.case_seed(case.id, dt), case.dist)
+            for case, dt in selected]
+    labels = [f"{case.id} {dt}" for case, dt in selected]
+    progress = _Progress(len(selected), parallel=jobs_n > 1)
+    t_start = time.perf_counter()
+    results, interrupted = _run_jobs(jobs, labels, refs, backend, jobs_n, progress)
+    if interrupted:
+        print("\nnki-verify: interrupted; results so far:", file=sys.stderr)
+
+    report = Report(meta={"target": str(backend.target), "backend": backend.name,
+                          "interrupted": interrupted, "command": " ".join(sys.argv)})
+    rows, failures = [], []
+    for (case, dt), result in zip(selected, results):
+        if result is None:
+            continue
+        spec = registry.KERNELS.get(case.kernel)
+        report.add(CaseRecord(case.kernel, dt, case.id, bool(result["passed"]), result["stats"],
+                              result["elapsed_s"], backend.name, str(backend.target),
+                              error=result["error"], params=dict(case.params),
+                              seed=registry.case_seed(case.id, dt), dist=case.dist,
+                              kernel_source=spec.source if spec else None,
+                              reduction_length=result["reduction_length"]))
+        rows.append(_row_cells(case.id, dt, case.source, result))
+        if not result["passed"]:
+            failures.append((f"{case.id} {dt}", result["message"] or result["error"] or "?"))
+    print(_table(CASE_COLUMNS, rows, right_from=4))
+    print()
+    print(report.sorted(registry.sort_records).format_table())
+    n_pass = sum(r.passed for r in report.records)
+    n_fail = len(report.records) - n_pass
+    not_run = len(selected) - len(report.records)
+    print(f"\n{n_pass} passed, {n_fail} failed" + (f", {not_run} not run (interrupted)"
+                                                    if not_run else "")
+          + f" in {time.perf_counter() - t_start:.1f} s on {backend.name} "
+          f"({backend.target or 'device'})")
+    if args.report:
+        replaced = os.path.exists(args.report)
+        report.to_json(args.report)
+        print(f"report written to {args.report}" + (" (replaced the previous one)"
+                                                     if replaced else ""))
+    for label, message in failures:
+        print(f"\n=== {label} ===\n{message}", file=sys.stderr)
+    return report, failures, interrupted
+
+
 # ---- run ----------------------------------------------------------------------------------
 
 def cmd_run(args) -> int:
-    from .report import CaseRecord, Report
-
-    dtypes = _dtype_list(args.dtypes)
-    selected = _select(args.cases, args.quick, dtypes)
+    check_report_path(args.report)
+    specs = use_kernels(args.kernel)
+    kernels = {s.name for s in specs} if specs and not args.cases else None
+    selected = _select(args.cases, args.quick, args.dtypes, kernels=kernels)
     if not selected:
-        print("nki-verify: no case matches the filters (see `nki-verify list`)", file=sys.stderr)
-        return 2
-    backend = get_backend(args.backend, target=args.target)
-    reason = backend.skip_reason()
-    if reason is not None:
-        print(f"nki-verify: the {args.backend} backend is unavailable: {reason}",
-              file=sys.stderr)
-        return 2
-    print(f"nki-verify: {len(selected)} case runs on {backend.name} "
-          f"({backend.target or 'device'})", file=sys.stderr)
-
-    report = Report()
-    rows, failures = [], []
-    progress = _Progress(len(selected))
-    t_start = time.perf_counter()
-    try:
-        for i, (case, dt) in enumerate(selected, 1):
-            label = f"{case.id} {dt}"
-            progress.start(i, label)
-            t0 = time.perf_counter()
-            comparison, error, kernel_s = None, None, None
-            try:
-                outcome = registry.run_case(case.kernel, case.params, dt, backend,
-                                            seed=registry.case_seed(case.id, dt),
-                                            dist=case.dist)
-                comparison, kernel_s = outcome.comparison, outcome.kernel_s
-                passed = outcome.passed
-            except Exception as exc:  # a kernel that raises is a failed case, not a crash
-                error = f"{type(exc).__name__}: {exc}"
-                failures.append((label, error + "\n" + traceback.format_exc(limit=-3)))
-                passed = False
-            elapsed = time.perf_counter() - t0
-            stats = comparison.stats.to_dict() if comparison is not None and \
-                comparison.stats is not None else {}
-            report.add(CaseRecord(case.kernel, dt, case.id, passed, stats, elapsed,
-                                  backend.name, str(backend.target)))
-            verdict = "PASS" if passed else ("ERROR" if error else "FAIL")
-            if comparison is not None and not passed:
-                failures.append((label, comparison.message()))
-            progress.finish(i, label, verdict, elapsed)
-            ulp = stats.get("ulp") or {}
-            rel = stats.get("rel") or {}
-            rows.append((case.id, dt, case.source, verdict, _fmt(ulp.get("max"), ".3g"),
-                         _fmt(ulp.get("p99"), ".3g"), _fmt(rel.get("max"), ".2e"),
-                         _fmt(kernel_s, ".2f"), f"{elapsed:.2f}"))
-    except KeyboardInterrupt:
-        print("\nnki-verify: interrupted; results so far:", file=sys.stderr)
-        failures.append(("(interrupted)", "not every case ran"))
-
-    print(_table(("case", "dtype", "source", "result", "max ULP", "p99 ULP", "max rel",
-                  "kernel s", "total s"), rows, right_from=4))
-    print()
-    print(Report(registry.sort_records(report.records)).format_table())
-    n_pass = sum(r.passed for r in report.records)
-    n_fail = len(report.records) - n_pass
-    print(f"\n{n_pass} passed, {n_fail} failed in {time.perf_counter() - t_start:.1f} s "
-          f"on {backend.name} ({backend.target or 'device'})")
-    if args.report:
-        report.to_json(args.report)
-        print(f"report written to {args.report}")
-    for label, message in failures:
-        print(f"\n=== {label} ===\n{message}", file=sys.stderr)
-    return 1 if failures else 0
+        raise UsageError("--cases/--dtypes: no case matches the filters (see `nki-verify list`)")
+    _, failures, interrupted = run_selected(selected, args, args.kernel)
+    return 1 if failures or interrupted else 0
 
 
 def cmd_list(args) -> int:
-    selected = _select(args.cases, args.quick, _dtype_list(args.dtypes))
+    selected = _select(args.cases, args.quick, args.dtypes)
     rows = []
     seen = set()
     for case, _ in selected:
@@ -217,6 +416,185 @@ def cmd_list(args) -> int:
     return 0
 
 
+# ---- case: one ad-hoc case (the reproduction command) ------------------------------------------
+
+def parse_params(text: str) -> dict:
+    """``batch=1,c_in=128,bias=True`` -> {"batch": 1, "c_in": 128, "bias": True}."""
+    params = {}
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        key, eq, value = part.partition("=")
+        if not eq or not key.strip():
+            raise UsageError(f"--params: expected KEY=VALUE pairs, got {part!r}")
+        try:
+            params[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            params[key.strip()] = value.strip()
+    return params
+
+
+def cmd_case(args) -> int:
+    use_kernels(args.kernel)
+    if args.name not in registry.KERNELS:
+        raise UsageError(f"KERNEL: unknown kernel {args.name!r}; known: "
+                         f"{', '.join(registry.KERNELS)}")
+    params = parse_params(args.params)
+    backend = _backend_or_usage(args.backend, args.target)
+    _WORKER["backend"] = backend
+    result = _run_one((args.name, params, args.dtype, args.seed, args.dist))
+    cells = _row_cells(args.name, args.dtype, "case", result)
+    print(_table(CASE_COLUMNS, [cells], right_from=4))
+    if not result["passed"]:
+        print(result["message"] or result["error"], file=sys.stderr)
+        return 1
+    return 0
+
+
+# ---- course: a whole assignment checkout --------------------------------------------------------
+
+COURSE_FILES = {"part1/kernels.py": ("vector_add_naive", "vector_add_tiled",
+                                     "vector_add_stream", "matrix_transpose"),
+                "part2/conv2d.py": ("fused_conv2d_maxpool",)}
+
+
+def _defined_functions(path: str) -> set[str]:
+    """Top-level function names of a file, without importing it (a syntax error is reported
+    with its line)."""
+    with open(path, encoding="utf-8") as f:
+        source = f.read()
+    try:
+        tree = ast.parse(source, filename=path)
+    except SyntaxError as exc:
+        raise UsageError(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from None
+    return {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def find_course_kernels(root: str) -> tuple[list[str], list[str]]:
+    """(kernel references found, notes on what is missing) in an assignment checkout."""
+    if not os.path.isdir(root):
+        raise UsageError(f"DIR: no such directory {root!r}")
+    refs, notes = [], []
+    for rel, funcs in COURSE_FILES.items():
+        path = os.path.join(root, rel)
+        if not os.path.isfile(path):
+            notes.append(f"{rel}: not found (its kernels are skipped)")
+            continue
+        defined = _defined_functions(path)
+        for func in funcs:
+            if func in defined:
+                refs.append(f"{registry.COURSE_FUNCTIONS[func]}={path}:{func}")
+            else:
+                notes.append(f"{rel}: no {func} (skipped; trn1's part 1 has no transpose)")
+    if not refs:
+        raise UsageError(f"DIR {root}: neither part1/kernels.py nor part2/conv2d.py defines a "
+                         "course kernel; give the assignment checkout's top folder")
+    return refs, notes
+
+
+def _course_latencies(args, quick: bool):
+    """[(label, us, verdict line)] for the graded configurations of the kernels in use."""
+    out = []
+    families = {n for n, s in registry.KERNELS.items() if s.source not in ("shipped", "user")}
+    configs = []
+    if "conv2d" in families:
+        for pool in (1, 2):
+            for image in ([(32, 16)] if quick else [(224, 224), (32, 16)]):
+                for dtype in ("float32", "float16"):
+                    configs.append(("conv2d", {"batch": 1, "c_in": 256, "c_out": 256,
+                                               "height": image[0], "width": image[1], "k": 3,
+                                               "bias": True, "pool": pool}, dtype))
+    if "transpose" in families and not quick:
+        configs.append(("transpose", {"m": 4096, "n": 4096}, "float32"))
+    from nkisim import runtime
+    backend = get_backend("nkisim", target=args.target)
+    for kernel, params, dtype in configs:
+        spec = registry.KERNELS[kernel]
+        label = f"{kernel} {_describe(kernel, params, dtype)}"
+        try:
+            inputs = spec.inputs(params, dtype, seed=0, dist="uniform")
+            fn = backend.load(spec.import_path)
+            runtime.simulate(fn, inputs.args, inputs.kwargs, target=backend.target)
+            _, us = runtime.estimate(runtime.last_run())
+        except Exception as exc:
+            out.append((label, None, f"not estimated: {_one_line(exc)}"))
+            continue
+        course = _course_threshold(kernel, params, dtype)
+        verdict = ""
+        if course is not None:
+            _, relaxed, optimized = course
+            verdict = ("full credit" if us <= optimized else
+                       "partial credit" if us <= relaxed else "too slow")
+            verdict += f" (optimized {optimized:.0f} us, relaxed {relaxed:.0f} us)"
+        out.append((label, us, verdict))
+    return out
+
+
+def _advice(failures_by_kernel) -> list[str]:
+    """What to look at first, from the failure texts: the systematic-error hint (a missing
+    bias, an offset) first, as it names the cause; then the first reason."""
+    lines = []
+    for kernel, items in failures_by_kernel.items():
+        label, message = items[0]
+        text = [ln.strip() for ln in message.strip().splitlines()]
+        reasons = [ln[2:] for ln in text if ln.startswith("- ")] or text[:1] or ["?"]
+        reasons.sort(key=lambda r: 0 if r.startswith("systematic error") else 1)
+        lines.append(f"  {kernel}: {len(items)} case(s) fail; first: {label}")
+        lines.append(f"    {reasons[0]}")
+        lines += [f"    {h}" for h in text if h.startswith("hint:")][:1]
+        case_id, dtype = label.split()
+        ref = registry.KERNELS[kernel].source
+        lines.append(f"    rerun: nki-verify run --kernel {kernel}={ref} --cases {case_id} "
+                     f"--dtypes {dtype}")
+    return lines
+
+
+def cmd_course(args) -> int:
+    check_report_path(args.report)
+    root = os.path.abspath(args.dir)
+    refs, notes = find_course_kernels(root)
+    specs = use_kernels(refs)
+    print(f"nki-verify course {args.dir}: checking "
+          + ", ".join(f"{s.name} ({os.path.relpath(s.import_path, root)})" for s in specs),
+          file=sys.stderr)
+    for note in notes:
+        print(f"  note: {note}", file=sys.stderr)
+    kernels = {s.name for s in specs}
+    selected = _select(args.cases, args.quick, None, kernels=kernels, every_dtype=True)
+    report, failures, interrupted = run_selected(selected, args, refs,
+                                                 title="nki-verify course")
+    latencies = [] if interrupted else _course_latencies(args, args.quick)
+
+    print("\n==== summary ====")
+    by_kernel: dict = {}
+    for label, message in failures:
+        case_id = label.split()[0]
+        kernel = next(c.kernel for c in CASES if c.id == case_id)
+        by_kernel.setdefault(kernel, []).append((label, message))
+    for spec in specs:
+        recs = [r for r in report.records if r.kernel == spec.name]
+        ok = sum(r.passed for r in recs)
+        status = "----" if not recs else "PASS" if ok == len(recs) else "FAIL"
+        print(f"{status}  {spec.name:<9} {ok}/{len(recs)} cases  "
+              f"({os.path.relpath(spec.import_path, root)})"
+              + ("  not checked (--cases)" if not recs else ""))
+    if latencies:
+        print("\nlatency estimates (nkisim cost model, the course's thresholds):")
+        for label, us, verdict in latencies:
+            wrong = " (but its output is wrong: the course grades speed only after "\
+                "correctness)" if label.split()[0] in by_kernel else ""
+            print(f"  {label}: " + (f"{us:.1f} us -> {verdict}{wrong}" if us is not None
+                                    else verdict))
+    if by_kernel:
+        print("\nfix first:")
+        for line in _advice(by_kernel):
+            print(line)
+    elif not interrupted:
+        print("\nevery case passed" + (" (--quick: the large images were skipped)"
+                                       if args.quick else ""))
+    return 1 if failures or interrupted else 0
+
+
 # ---- bench --------------------------------------------------------------------------------
 
 BENCH_DEFAULTS = {"naive": 128, "tiled": 25600, "stream": 25600, "transpose": 1024}
@@ -227,18 +605,26 @@ def _dims(text: str, n: int, what: str) -> list[int]:
     try:
         dims = [int(p) for p in parts if p]
     except ValueError:
-        raise SystemExit(f"nki-verify bench: {what} must be {n} integers like "
+        raise UsageError(f"{what} must be {n} integers like "
                          f"{'x'.join(['224'] * n)}, got {text!r}") from None
     if len(dims) != n:
-        raise SystemExit(f"nki-verify bench: {what} needs {n} numbers, got {text!r}")
+        raise UsageError(f"{what} needs {n} numbers, got {text!r}")
+    if any(d < 1 for d in dims):
+        raise UsageError(f"{what} must be positive, got {text!r}")
     return dims
 
 
 def bench_params(args) -> dict:
-    """The kernel parameters the bench options describe."""
+    """The kernel parameters the bench options describe (UsageError naming the option)."""
     k = args.kernel
     if k in ("naive", "tiled", "stream"):
         n = args.n or (_dims(args.shape, 1, "--shape")[0] if args.shape else BENCH_DEFAULTS[k])
+        if k == "naive" and n > 128:
+            raise UsageError(f"-n {n}: vector_add_naive holds one element per partition, "
+                             "n <= 128")
+        if k == "stream" and n % 128:
+            raise UsageError(f"-n {n}: vector_add_stream views the vector as (128, n/128); n "
+                             "must be a multiple of 128")
         return {"n": n}
     if k == "transpose":
         if args.shape:
@@ -246,10 +632,24 @@ def bench_params(args) -> dict:
         else:
             n = args.n or BENCH_DEFAULTS[k]
             m = args.m or n       # run_benchmark.py: "-m defaults to n"
+        if m % 128 or n % 128:
+            raise UsageError(f"-m/-n {m}x{n}: matrix_transpose needs multiples of 128 "
+                             "(the course's kernel asserts it)")
         return {"m": m, "n": n}
     h, w = _dims(args.image, 2, "--image")
     ch = _dims(args.channels, 2, "--channels") if "x" in args.channels.lower() \
-        else [int(args.channels)] * 2
+        else _dims(args.channels, 1, "--channels") * 2
+    if ch[0] % 128 or ch[1] % 128:
+        raise UsageError(f"--channels {args.channels}: C_in and C_out must be multiples of 128 "
+                         "(the partition count; the course's kernel asserts it)")
+    if args.filter > min(h, w):
+        raise UsageError(f"--filter {args.filter}: larger than the image {h}x{w}")
+    out_h, out_w = h - args.filter + 1, w - args.filter + 1
+    if out_w > 512:
+        raise UsageError(f"--image {args.image}: output width {out_w} exceeds "
+                         "gemm_moving_fmax = 512 (the course's kernel asserts it)")
+    if args.pool > min(out_h, out_w):
+        raise UsageError(f"--pool {args.pool}: larger than the conv output {out_h}x{out_w}")
     return {"batch": args.batch, "c_in": ch[0], "c_out": ch[1], "height": h, "width": w,
             "k": args.filter, "bias": not args.no_bias, "pool": args.pool}
 
@@ -278,15 +678,18 @@ def _course_threshold(kernel, params, dtype):
 
 
 def cmd_bench(args) -> int:
+    specs = use_kernels(args.kernel_ref)
+    if args.kernel is None:
+        if len(specs) != 1:
+            raise UsageError("KERNEL: name the kernel to time (naive, tiled, stream, "
+                             "transpose, conv2d) or give one --kernel")
+        args.kernel = specs[0].name
+    if args.kernel not in KERNELS:
+        raise UsageError(f"KERNEL: unknown kernel {args.kernel!r}; known: {', '.join(KERNELS)}")
     params = bench_params(args)
-    dtype = registry.dtype_name(args.dtype)
+    dtype = args.dtype
     spec = registry.get(args.kernel)
-    backend = get_backend(args.backend, target=args.target)
-    reason = backend.skip_reason()
-    if reason is not None:
-        print(f"nki-verify bench: the {args.backend} backend is unavailable: {reason}",
-              file=sys.stderr)
-        return 2
+    backend = _backend_or_usage(args.backend, args.target)
     inputs = spec.inputs(params, dtype, seed=0, dist="uniform")
     kernel = backend.load(spec.import_path)
     what = f"{args.kernel} ({spec.import_path}) {_describe(args.kernel, params, dtype)}"
@@ -299,13 +702,16 @@ def cmd_bench(args) -> int:
     else:
         try:
             from nkisim import runtime
+        except ImportError as exc:  # pragma: no cover
+            raise UsageError(f"nkisim's cost model is not available ({exc})") from None
+        try:
             runtime.simulate(kernel, inputs.args, inputs.kwargs, target=backend.target)
-            run = runtime.last_run()
-            sched, us = runtime.estimate(run)
-        except ImportError as exc:
-            print(f"nki-verify bench: nkisim's cost model is not available ({exc}); it needs "
-                  "nkisim/cost.py and nkisim/schedule.py", file=sys.stderr)
-            return 2
+        except Exception as exc:
+            print(f"nki-verify bench: the kernel failed: {_one_line(exc)}", file=sys.stderr)
+            print(_user_traceback(exc), file=sys.stderr)
+            return 1
+        run = runtime.last_run()
+        sched, us = runtime.estimate(run)
         wall = time.perf_counter() - t0
         s = sched.summary()
         busy = s["engine_busy_pct"]
@@ -337,14 +743,8 @@ def cmd_bench(args) -> int:
         print(f"  {label}: {limits} -> {verdict}")
     if args.trace:
         if sched is None:
-            print("nki-verify bench: --trace needs the nkisim backend", file=sys.stderr)
-            return 2
-        try:
-            from nkisim.timeline import write_chrome_trace
-        except ImportError as exc:
-            print(f"nki-verify bench: cannot write the trace: nkisim.timeline is not available "
-                  f"({exc})", file=sys.stderr)
-            return 2
+            raise UsageError("--trace needs the nkisim backend")
+        from nkisim.timeline import write_chrome_trace
         path = write_chrome_trace(sched, run.trace, args.trace) or args.trace
         print(f"  engine timeline written to {path} (open it in https://ui.perfetto.dev)")
     return 0
@@ -352,50 +752,94 @@ def cmd_bench(args) -> int:
 
 # ---- main ---------------------------------------------------------------------------------
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors on one line, naming the argument, exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} -h)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="nki-verify",
-        description="Verify the CS149 NKI kernels on the course's configurations (default "
-                    "command: run), or estimate one kernel's latency (bench).")
-    sub = p.add_subparsers(dest="cmd")
+        description="Verify NKI kernels (yours with --kernel, or the shipped ones) on the "
+                    "course's configurations (default command: run), check a whole assignment "
+                    "checkout (course), or estimate one kernel's latency (bench).")
+    sub = p.add_subparsers(dest="cmd", parser_class=_Parser)
 
     def selection(sp):
         sp.add_argument("--cases", metavar="PATTERN",
                         help="comma-separated kernel names, glob patterns over case ids or "
                              "substrings (e.g. 'conv2d-small*,transpose,large')")
         sp.add_argument("--quick", action="store_true", help="skip the slow (large) cases")
-        sp.add_argument("--dtypes", metavar="LIST",
+        sp.add_argument("--dtypes", metavar="LIST", type=dtype_list,
                         help="only these dtypes (e.g. float16,bfloat16)")
 
+    def kernel_option(sp, dest="kernel"):
+        sp.add_argument("--kernel", dest=dest, action="append", metavar="[NAME=]PATH:FUNC",
+                        help="check your kernel instead of ours (repeatable), e.g. "
+                             "conv2d=part2/conv2d.py:fused_conv2d_maxpool; a file or a module; "
+                             "NAME may be left out for the course's function names")
+
+    def running(sp):
+        sp.add_argument("--backend", choices=RUN_BACKENDS, default="nkisim",
+                        help="where kernels run (default nkisim)")
+        sp.add_argument("--target", default=_default_target(),
+                        help="simulated target, trn1 or trn2 (default $NKISIM_TARGET or trn2)")
+        sp.add_argument("-j", "--jobs", type=positive_int, default=None, metavar="N",
+                        help="cases run at a time, in worker processes (default: the core "
+                             f"count, here {_jobs_default()})")
+        sp.add_argument("--report", metavar="PATH",
+                        help="write the results as JSON (docs/report-schema.md)")
+
     r = sub.add_parser("run", help="run every case and print the table (default)")
-    r.add_argument("--backend", choices=RUN_BACKENDS, default="nkisim",
-                   help="where kernels run (default nkisim)")
-    r.add_argument("--target", choices=("trn1", "trn2"),
-                   default=os.environ.get("NKISIM_TARGET") or "trn2",
-                   help="simulated target (default $NKISIM_TARGET or trn2)")
-    r.add_argument("--report", metavar="PATH", help="write the results as JSON")
+    running(r)
+    kernel_option(r)
     selection(r)
     r.set_defaults(fn=cmd_run)
+
+    c = sub.add_parser("course", help="check an assignment checkout (part1/, part2/)")
+    c.add_argument("dir", metavar="DIR", help="the assignment checkout's top folder")
+    c.add_argument("--quick", action="store_true",
+                   help="skip the large images (224x224, 4096x4096)")
+    c.add_argument("--cases", metavar="PATTERN", help="only these cases (as for run)")
+    running(c)
+    c.set_defaults(fn=cmd_course)
+
+    cs = sub.add_parser("case", help="run one case (reproduce a failure)")
+    cs.add_argument("name", metavar="KERNEL", help="kernel name (naive, ..., conv2d, yours)")
+    cs.add_argument("--params", required=True, help="KEY=VALUE,... e.g. batch=1,c_in=128,...")
+    cs.add_argument("--dtype", type=dtype_arg, default="float32")
+    cs.add_argument("--seed", type=int, default=0)
+    cs.add_argument("--dist", choices=registry.DISTS, default="uniform")
+    cs.add_argument("--backend", choices=RUN_BACKENDS, default="nkisim")
+    cs.add_argument("--target", default=_default_target())
+    kernel_option(cs)
+    cs.set_defaults(fn=cmd_case)
 
     ls = sub.add_parser("list", help="list the cases")
     selection(ls)
     ls.set_defaults(fn=cmd_list)
 
     b = sub.add_parser("bench", help="estimate one kernel's latency, MFU and bottleneck")
-    b.add_argument("kernel", choices=KERNELS)
-    b.add_argument("-n", "--n", type=int, help="vector length / matrix width")
-    b.add_argument("-m", "--m", type=int, help="matrix height (default: n)")
+    b.add_argument("kernel", nargs="?", metavar="KERNEL",
+                   help="naive, tiled, stream, transpose or conv2d (or from --kernel)")
+    kernel_option(b, dest="kernel_ref")
+    b.add_argument("-n", "--n", type=positive_int, help="vector length / matrix width")
+    b.add_argument("-m", "--m", type=positive_int, help="matrix height (default: n)")
     b.add_argument("--shape", help="vector: N; transpose: MxN")
-    b.add_argument("--dtype", default="float32", help="float32 (default), float16, bfloat16")
-    b.add_argument("--pool", type=int, default=1, help="conv2d max-pool size (default 1)")
+    b.add_argument("--dtype", type=dtype_arg, default="float32",
+                   help="float32 (default), float16, bfloat16")
+    b.add_argument("--pool", type=positive_int, default=1,
+                   help="conv2d max-pool size (default 1)")
     b.add_argument("--image", default="224x224", help="conv2d image HxW (default 224x224)")
-    b.add_argument("--batch", type=int, default=1, help="conv2d batch (default 1)")
+    b.add_argument("--batch", type=positive_int, default=1, help="conv2d batch (default 1)")
     b.add_argument("--channels", default="256x256",
-                   help="conv2d C_in x C_out (default 256x256)")
-    b.add_argument("--filter", type=int, default=3, help="conv2d filter size K (default 3)")
+                   help="conv2d C_in x C_out, multiples of 128 (default 256x256)")
+    b.add_argument("--filter", type=positive_int, default=3,
+                   help="conv2d filter size K (default 3)")
     b.add_argument("--no-bias", action="store_true", help="conv2d bias of zeros")
-    b.add_argument("--target", choices=("trn1", "trn2"),
-                   default=os.environ.get("NKISIM_TARGET") or "trn2")
+    b.add_argument("--target", default=_default_target())
     b.add_argument("--backend", choices=("nkisim", "device"), default="nkisim")
     b.add_argument("--trace", metavar="FILE",
                    help="write the engine timeline as Perfetto/Chrome trace JSON")
@@ -403,12 +847,33 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+COMMANDS = ("run", "course", "case", "list", "bench", "-h", "--help")
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] not in ("run", "list", "bench", "-h", "--help"):
+    if not argv or argv[0] not in COMMANDS:
         argv.insert(0, "run")
-    args = _parser().parse_args(argv)
-    return args.fn(args)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    prog = f"nki-verify {args.cmd}" if args.cmd else "nki-verify"
+    try:
+        if hasattr(args, "target"):
+            args.target = _check_target(args.target.lower())
+        return args.fn(args)
+    except UsageError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        # `nki-verify list | head`: the reader left; say nothing more (and let Python's exit
+        # flush not raise again).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+def console_main() -> int:    # pragma: no cover - the console script
+    sys.exit(main())
 
 
 if __name__ == "__main__":

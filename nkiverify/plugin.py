@@ -1,6 +1,15 @@
 """The pytest plugin (entry point ``pytest11: nkiverify``): markers, options, fixtures, report.
 
-Markers
+Opt-in. Installed, the plugin is in every pytest session of the environment but stays inert in a
+project that did not ask for it: no hypothesis profile is loaded, no ``neuronxcc`` shim is put on
+``sys.meta_path``, no environment variable (BLAS threads) is set, no generic marker registered.
+A project opts in with the ini key ``nki_verify = true`` (this repo's pyproject.toml does), or a
+session with any ``--nki-*`` option. A test that requests an nki fixture (``nki_verify``,
+``nki_backend``, ...) gets what that fixture needs (the backend installs the shim when it is
+created) without the session-wide changes.
+
+Markers (registered when opted in; ``simulate``/``device`` also as soon as a test uses
+``nki_backend``)
     ``simulate``  runs without a device (nkisim, or a real neuronx-cc's simulator)
     ``device``    needs a Neuron device and the real neuronx-cc
     ``slow``      takes more than a few seconds (still part of the default run)
@@ -8,10 +17,14 @@ Markers
     ``nki_dtype(name)``    the dtype of a test that has no ``dtype`` parameter
 
 Options
+    ``--nki-kernel [NAME=]PATH:FUNC``     run your kernel instead of ours for its family in every
+                                          kernel test (cases, properties, hypothesis); repeatable
     ``--nki-backend {nkisim,neuronxcc}``  what ``simulate`` tests run on (default nkisim)
     ``--nki-target {trn1,trn2}``          the simulated target (default $NKISIM_TARGET or trn2)
     ``--nki-dtypes LIST``                 e.g. ``float16,bfloat16``: deselect tests whose
                                           ``dtype`` parameter is not listed
+    ``--nki-contract {course,hardware}``  what property tests draw (default: course for the
+                                          kernels given with --nki-kernel, else hardware)
     ``--nki-report PATH``                 write every comparison of the session as JSON
 
 Twins. A test that uses the ``nki_backend`` fixture (directly or through ``nki_verify``) is
@@ -20,17 +33,15 @@ generated twice, ``[...-simulate]`` (marked ``simulate``) and ``[...-device]`` (
 neuronx-cc, and with "simulated twin failed" when its simulate twin failed in this session.
 
 Report. ``nki_check``/``nki_verify`` record a ``nkiverify.report.CaseRecord`` per comparison in
-the test's ``user_properties``; the controlling process (also under pytest-xdist) collects them
+the test's ``user_properties`` (a hypothesis replay of the same case replaces its record, so
+replays are not counted twice); the controlling process (also under pytest-xdist) collects them
 from the test reports, prints one row per kernel x dtype at the end of the session and writes
 ``--nki-report``.
 
-Hypothesis profiles: ``ci`` (derandomized, 10 examples, no deadline; the default when $CI is
-set), ``dev`` (20 examples, no deadline; the default otherwise) and ``thorough`` (200 examples);
-choose with ``--hypothesis-profile``.
-
-The shim: at configure time, before test modules import kernels, ``neuronxcc.nki`` is served by
-nkisim unless a real neuronx-cc is installed (then the nkisim backend loads kernels privately
-with the shim, see ``nkiverify.backends.load_kernel``).
+Hypothesis profiles (own names, loaded only in an opted-in project whose conftest did not load
+one itself): ``nki-ci`` (derandomized, 10 examples, no deadline; the default when $CI is set),
+``nki-dev`` (20 examples, no deadline; the default otherwise) and ``nki-thorough`` (200
+examples); choose with ``--hypothesis-profile``.
 """
 
 from __future__ import annotations
@@ -44,25 +55,48 @@ RECORD_KEY = "nki_record"
 MODES = ("simulate", "device")
 _FAILED_TWINS = pytest.StashKey[set]()
 _REPORT = pytest.StashKey[object]()
+_OPTED_IN = pytest.StashKey[bool]()
 _COLLECTOR = "nkiverify-report-collector"
+PROFILES = ("nki-ci", "nki-dev", "nki-thorough")
 
 try:
     from hypothesis import HealthCheck, settings
 except ImportError:  # pragma: no cover - hypothesis is in the test extra
     settings = None
 else:
-    _SLOW_OK = [HealthCheck.too_slow, HealthCheck.data_too_large]
-    settings.register_profile("ci", derandomize=True, max_examples=10, deadline=None,
-                              suppress_health_check=_SLOW_OK, print_blob=True)
-    settings.register_profile("dev", max_examples=20, deadline=None,
-                              suppress_health_check=_SLOW_OK)
-    settings.register_profile("thorough", max_examples=200, deadline=None,
-                              suppress_health_check=_SLOW_OK)
+    # Registering a profile changes nothing until it is loaded; only opted-in sessions load one.
+    # function_scoped_fixture: the nki fixtures (backend, recorder) hold no per-example state,
+    # so `@given` tests may request them (the README recipe).
+    _OK = [HealthCheck.too_slow, HealthCheck.data_too_large,
+           HealthCheck.function_scoped_fixture]
+    settings.register_profile("nki-ci", derandomize=True, max_examples=10, deadline=None,
+                              suppress_health_check=_OK, print_blob=True)
+    settings.register_profile("nki-dev", max_examples=20, deadline=None,
+                              suppress_health_check=_OK)
+    settings.register_profile("nki-thorough", max_examples=200, deadline=None,
+                              suppress_health_check=_OK)
+    # hypothesis loads "default" (or its own "ci" when $CI is set) at import; a project that
+    # loads another profile (its conftest) changes it, and then we leave it alone
+    _INITIAL_PROFILE = getattr(settings, "_current_profile", None)
+
+_OPTIONS = ("nki_kernel", "nki_backend", "nki_target", "nki_dtypes", "nki_report",
+            "nki_contract")
+_MARKERS = {
+    "simulate": "simulate: kernel test that runs without a device (nkisim or neuronx-cc "
+                "simulation)",
+    "device": "device: kernel test that needs a Neuron device and the real neuronx-cc",
+    "slow": "slow: takes more than a few seconds to simulate (still in the default run)",
+}
 
 
 def pytest_addoption(parser):
+    parser.addini("nki_verify", type="bool", default=False,
+                  help="opt this project into the nkiverify plugin (profiles, shim, markers)")
     group = parser.getgroup("nkiverify", "NKI kernel verification (nkiverify)")
-    group.addoption("--nki-backend", choices=("nkisim", "neuronxcc"), default="nkisim",
+    group.addoption("--nki-kernel", action="append", default=None, metavar="[NAME=]PATH:FUNC",
+                    help="run your kernel instead of ours for its family in every kernel test "
+                         "(repeatable), e.g. conv2d=part2/conv2d.py:fused_conv2d_maxpool")
+    group.addoption("--nki-backend", choices=("nkisim", "neuronxcc"), default=None,
                     help="where simulate tests run: nkisim (default) or a real neuronx-cc's "
                          "nki.simulate_kernel")
     group.addoption("--nki-target", choices=("trn1", "trn2"), default=None,
@@ -70,13 +104,29 @@ def pytest_addoption(parser):
     group.addoption("--nki-dtypes", default=None, metavar="LIST",
                     help="comma-separated dtypes to keep (float32,float16,bfloat16); tests "
                          "whose dtype parameter is not listed are deselected")
+    group.addoption("--nki-contract", choices=("course", "hardware"), default=None,
+                    help="what property tests draw: the course's contract or the hardware's "
+                         "limits (default: course for --nki-kernel kernels, else hardware)")
     group.addoption("--nki-report", default=None, metavar="PATH",
                     help="write the session's comparisons (per case and per kernel x dtype) "
                          "as JSON")
+    group.addoption("--nki-strict", action="store_true", default=False,
+                    help="strict mode (sets NKISIM_STRICT=1): documented NKI rules the device "
+                         "tolerates are errors, not warnings")
 
 
 def _is_worker(config) -> bool:
     return hasattr(config, "workerinput")
+
+
+def opted_in(config) -> bool:
+    """The ini key ``nki_verify = true`` or any ``--nki-*`` option."""
+    try:
+        if config.getini("nki_verify"):
+            return True
+    except ValueError:
+        pass
+    return any(config.getoption(name, None) for name in _OPTIONS)
 
 
 def _device_backend(config):
@@ -85,31 +135,69 @@ def _device_backend(config):
 
 
 def _target(config) -> str:
-    return config.getoption("nki_target") or os.environ.get("NKISIM_TARGET") or "trn2"
+    target = config.getoption("nki_target") or os.environ.get("NKISIM_TARGET") or "trn2"
+    if target.lower() not in ("trn1", "trn2"):
+        raise pytest.UsageError(f"NKISIM_TARGET={target!r}: unknown target; nkisim simulates "
+                                "trn1, trn2")
+    return target.lower()
+
+
+def _register_markers(config, names=("simulate", "device", "slow")):
+    known = {line.split(":")[0].split("(")[0].strip() for line in config.getini("markers")}
+    for name in names:
+        if name not in known:
+            config.addinivalue_line("markers", _MARKERS[name])
+
+
+def _current_profile() -> str | None:
+    return getattr(settings, "_current_profile", None)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
     for line in (
-        "simulate: kernel test that runs without a device (nkisim or neuronx-cc simulation)",
-        "device: kernel test that needs a Neuron device and the real neuronx-cc",
-        "slow: takes more than a few seconds to simulate (still in the default run)",
         "nki_modes(*modes): the twins (simulate, device) a kernel test is generated for",
         "nki_dtype(name): the dtype of a test without a `dtype` parameter (for --nki-dtypes)",
     ):
         config.addinivalue_line("markers", line)
     config.stash[_FAILED_TWINS] = set()
+    if config.getoption("nki_strict", False):
+        os.environ["NKISIM_STRICT"] = "1"      # read by every nkisim run (xdist workers too)
     from .report import Report
     config.stash[_REPORT] = Report()
     if not _is_worker(config):
         config.pluginmanager.register(_Collector(config.stash[_REPORT]), _COLLECTOR)
+    config.stash[_OPTED_IN] = opted_in(config)
+    if not config.stash[_OPTED_IN]:
+        return
+
+    _register_markers(config)
+    _target(config)                     # an unknown NKISIM_TARGET is a usage error, now
+    path = config.getoption("nki_report")
+    if path and not _is_worker(config):  # checked before any test runs
+        from ._util import UsageError, check_report_path
+        try:
+            check_report_path(path)
+        except UsageError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    refs = config.getoption("nki_kernel") or ()
+    if refs:
+        from . import registry
+        for ref in refs:
+            try:
+                registry.use_kernel(ref)
+            except registry.KernelRefError as exc:
+                raise pytest.UsageError(f"--nki-kernel: {exc}") from None
 
     from nkisim import shim
     if not shim.real_neuronxcc_available():
         shim.install()
 
-    if settings is not None and not config.getoption("hypothesis_profile", None):
-        settings.load_profile("ci" if os.environ.get("CI") else "dev")
+    # Our profile only where the project has not chosen one (its conftest's load_profile, or
+    # --hypothesis-profile, wins).
+    if settings is not None and not config.getoption("hypothesis_profile", None) and \
+            _current_profile() in (None, "default", _INITIAL_PROFILE):
+        settings.load_profile("nki-ci" if os.environ.get("CI") else "nki-dev")
 
     # One BLAS thread per xdist worker (workers inherit this environment when they start, after
     # configure). nkisim issues thousands of small matmuls (128x128 by 128x512) for which
@@ -124,6 +212,25 @@ def pytest_configure(config):
     # only matters where device twins can run at all.
     if getattr(config.option, "dist", "no") == "load" and _device_backend(config).available():
         config.option.dist = "loadgroup"
+    elif getattr(config.option, "dist", "no") == "load" and not config.stash.get(_DIST_GIVEN,
+                                                                                  True):
+        # `-n N` without `--dist`: xdist's `load` hands tests out in fixed chunks, so the large
+        # conv2d cases could pile up on one worker (issue 12: `pytest -n 2` 131-136 s, `-n 1`
+        # 170 s); `worksteal` lets an idle worker take a busy one's pending tests (92-95 s).
+        # With the slow cases ordered first (pytest_collection_modifyitems) each worker
+        # starts on large cases and the small ones fill in at the end.
+        config.option.dist = "worksteal"
+
+
+_DIST_GIVEN = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_cmdline_main(config):
+    # before xdist turns `-n N` into `--dist load`: did the user choose a distribution mode?
+    config.stash[_DIST_GIVEN] = getattr(config.option, "dist", "no") != "no" or \
+        bool(getattr(config.option, "distload", False))
+    yield
 
 
 # ---- twins --------------------------------------------------------------------------------
@@ -147,6 +254,7 @@ def pytest_generate_tests(metafunc):
     unknown = set(modes) - set(MODES)
     if unknown:
         raise pytest.UsageError(f"nki_modes: unknown mode(s) {sorted(unknown)}; use {MODES}")
+    _register_markers(metafunc.config, MODES)    # this test asked for the kernel machinery
     metafunc.parametrize("nki_mode", [
         pytest.param(m, id=m, marks=getattr(pytest.mark, m)) for m in modes])
 
@@ -184,6 +292,7 @@ def _dtype_name(value) -> str | None:
 
 @pytest.hookimpl(tryfirst=True)   # before xdist's worker hook turns xdist_group into nodeids
 def pytest_collection_modifyitems(session, config, items):
+    _let_given_tests_use_nki_fixtures(items)
     allowed = config.getoption("nki_dtypes")
     if allowed:
         keep_names = set()
@@ -209,6 +318,10 @@ def pytest_collection_modifyitems(session, config, items):
             config.hook.pytest_deselected(items=deselected)
             items[:] = selected
 
+    # The slow cases first (stable: the rest keeps its order), the same on every xdist worker,
+    # so the large cases start early and the short ones balance the workers at the end.
+    items[:] = sorted(items, key=lambda item: item.get_closest_marker("slow") is None)
+
     # Each device twin right after its simulate twin, so the simulate outcome is known.
     twins = [i for i in items if _mode(i) is not None]
     if twins:
@@ -227,6 +340,45 @@ def pytest_collection_modifyitems(session, config, items):
                 getattr(config.option, "dist", "no") == "loadgroup":
             for item in twins:
                 item.add_marker(pytest.mark.xdist_group(_twin_group(item)))
+
+
+NKI_FIXTURES = ("nki_verify", "nki_backend", "nki_check", "nki_report", "nki_target",
+                "nki_mode", "nki_device", "nki_contract")
+
+
+def _let_given_tests_use_nki_fixtures(items) -> None:
+    """A ``@given`` test that requests nki fixtures (the README recipe) would fail hypothesis's
+    function-scoped-fixture health check (and its deadline); those fixtures hold no per-example state (a backend,
+    a recorder that replaces a replayed case's record), so that check is suppressed for exactly
+    those tests (when every function-scoped fixture they request is ours), whatever the
+    project's hypothesis profile."""
+    if settings is None:
+        return
+    for item in items:
+        fn = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+        own = getattr(fn, "_hypothesis_internal_use_settings", None)
+        if own is None or HealthCheck.function_scoped_fixture in own.suppress_health_check:
+            continue
+        names = set(getattr(item, "fixturenames", ()))
+        if not names & set(NKI_FIXTURES):
+            continue
+        import inspect
+        try:
+            params = set(inspect.signature(item.function).parameters)
+        except (TypeError, ValueError):
+            continue
+        info = item._fixtureinfo.name2fixturedefs
+        foreign = [n for n in params if n in info and n not in NKI_FIXTURES
+                   and info[n][-1].scope == "function"]
+        if foreign:
+            continue
+        # a simulated kernel takes longer than hypothesis's default 200 ms deadline, which is
+        # about timing, not correctness: lift it too unless the test set its own
+        deadline = None if own.deadline == settings.default.deadline else own.deadline
+        fn._hypothesis_internal_use_settings = settings(
+            own, deadline=deadline,
+            suppress_health_check=[*own.suppress_health_check,
+                                   HealthCheck.function_scoped_fixture])
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -260,7 +412,8 @@ def nki_backend(request, nki_mode, nki_target):
             pytest.skip("simulated twin failed: not running it on the device")
         backend = _device_backend(request.config)
     else:
-        backend = get_backend(request.config.getoption("nki_backend"), target=nki_target)
+        backend = get_backend(request.config.getoption("nki_backend") or "nkisim",
+                              target=nki_target)
     reason = backend.skip_reason()
     if reason is not None:
         pytest.skip(f"{backend.name} backend unavailable: {reason}")
@@ -287,7 +440,10 @@ class Recorder:
         self.target = target
         self.records = []
 
-    def record(self, kernel, case_id, dtype, comparison=None, elapsed_s=0.0, passed=None):
+    def record(self, kernel, case_id, dtype, comparison=None, elapsed_s=0.0, passed=None, *,
+               error=None, **extra):
+        """Add a record; a case already recorded by this test (a hypothesis replay of the same
+        example) replaces its record instead of counting again."""
         from .registry import dtype_name
         from .report import CaseRecord
         stats = {}
@@ -295,12 +451,24 @@ class Recorder:
             stats = comparison.stats.to_dict()
         if passed is None:
             passed = bool(comparison is not None and comparison.passed)
+        if error is None and comparison is not None and not passed:
+            error = "; ".join(comparison.reasons) or None
+        if comparison is not None and "reduction_length" not in extra:
+            extra["reduction_length"] = comparison.tolerance.reduction_length
         rec = CaseRecord(kernel=kernel, dtype=dtype_name(dtype), case_id=str(case_id),
                          passed=bool(passed), stats=stats, elapsed_s=float(elapsed_s),
                          backend=getattr(self.backend, "name", str(self.backend or "?")),
-                         target=str(getattr(self.backend, "target", None) or self.target))
+                         target=str(getattr(self.backend, "target", None) or self.target),
+                         error=error, **extra)
+        key = (rec.kernel, rec.case_id, rec.dtype)
+        props = self.item.user_properties
+        for i, (name, value) in enumerate(props):
+            if name == RECORD_KEY and (value["kernel"], value["case_id"], value["dtype"]) == key:
+                props[i] = (RECORD_KEY, asdict(rec))
+                break
+        else:
+            props.append((RECORD_KEY, asdict(rec)))
         self.records.append(rec)
-        self.item.user_properties.append((RECORD_KEY, asdict(rec)))
         return rec
 
     def check(self, kernel, case_id, dtype, actual, expected, *, reduction_length=1,
@@ -336,28 +504,72 @@ def nki_check(nki_report):
     return nki_report.check
 
 
+@pytest.fixture(scope="session")
+def nki_contract(pytestconfig):
+    """``nki_contract(kernel) -> "course" | "hardware"``: what property tests should draw for
+    a kernel family: ``--nki-contract``, else "course" for a kernel given with
+    ``--nki-kernel`` (a student's kernel need only honour the course's contract), else
+    "hardware" (ours handle every shape the hardware allows)."""
+    from . import registry
+    chosen = pytestconfig.getoption("nki_contract")
+
+    def contract(kernel: str) -> str:
+        if chosen:
+            return chosen
+        spec = registry.KERNELS.get(kernel)
+        return "course" if spec is not None and spec.source != "shipped" else "hardware"
+    return contract
+
+
+def _kernel_ref_for_command(spec) -> str | None:
+    if spec.source in ("shipped", "user") or spec.kernel is not None:
+        return None
+    return f"{spec.name}={spec.import_path}"
+
+
 @pytest.fixture
 def nki_verify(nki_backend, nki_report):
-    """``nki_verify(kernel, params, dtype, case_id=, seed=, dist=)``: make the inputs, run the
-    kernel on this twin's backend, compare with the golden model, record, fail with the
-    message. Returns the ``nkiverify.registry.Outcome``."""
+    """``nki_verify(kernel, params, dtype, case_id=, seed=, dist=, family=)``: make the inputs,
+    run the kernel on this twin's backend, compare with the golden model, record, fail with the
+    message (and a one-line command that reproduces the case). Returns the
+    ``nkiverify.registry.Outcome``.
+
+    ``kernel``: a registered name ("conv2d"; with ``--nki-kernel`` it is your kernel), a
+    reference ("part2/conv2d.py:fused_conv2d_maxpool", "conv2d=mine.py:conv") or a kernel object
+    (its family from its course function name, or ``family=``).
+    """
     from . import registry
 
-    def verify(kernel, params, dtype, case_id=None, seed=None, dist="uniform", k=4.0):
+    def verify(kernel, params, dtype, case_id=None, seed=None, dist="uniform", k=4.0,
+               family=None):
+        try:
+            spec = registry.spec_for(kernel, family)
+        except registry.KernelRefError as exc:
+            pytest.fail(f"nki_verify: {exc}", pytrace=False)
+        name = spec.name
+        dt = registry.dtype_name(dtype)
         case_id = case_id or ",".join(f"{a}={b}" for a, b in params.items())
         if seed is None:
             seed = registry.case_seed(case_id, dtype)
+        extra = {"params": dict(params), "seed": int(seed), "dist": dist,
+                 "kernel_source": spec.source}
+        from ._util import reproduce_command
+        repro = reproduce_command(name, params, dt, seed, dist, _kernel_ref_for_command(spec),
+                                  nki_backend.target)
         try:
-            outcome = registry.run_case(kernel, params, dtype, nki_backend, seed=seed,
+            outcome = registry.run_case(spec, params, dtype, nki_backend, seed=seed,
                                         dist=dist, k=k)
-        except Exception:
-            nki_report.record(kernel, case_id, dtype, None, passed=False)
+        except Exception as exc:
+            nki_report.record(name, case_id, dtype, None, passed=False,
+                              error=f"{type(exc).__name__}: {exc}".splitlines()[0], **extra)
+            if hasattr(exc, "add_note"):         # Python 3.11+
+                exc.add_note(f"reproduce: {repro}")
             raise
-        nki_report.record(kernel, case_id, dtype, outcome.comparison, outcome.elapsed_s)
+        nki_report.record(name, case_id, dtype, outcome.comparison, outcome.elapsed_s, **extra)
         if not outcome.passed:
-            pytest.fail(f"{kernel} {case_id} [{registry.dtype_name(dtype)}] on "
-                        f"{nki_backend.name}/{nki_backend.target}: "
-                        f"{outcome.comparison.message()}", pytrace=False)
+            pytest.fail(f"{name} {case_id} [{dt}] on {nki_backend.name}/{nki_backend.target} "
+                        f"({spec.label}): {outcome.comparison.message()}\nreproduce: {repro}",
+                        pytrace=False)
         return outcome
 
     return verify
@@ -383,8 +595,7 @@ class _Collector:
 def _sorted(report):
     """The report with its records in kernel (registry) order, then dtype order."""
     from .registry import sort_records
-    from .report import Report
-    return Report(sort_records(report.records))
+    return report.sorted(sort_records)
 
 
 def pytest_unconfigure(config):
@@ -400,6 +611,9 @@ def pytest_sessionfinish(session, exitstatus):
     path = config.getoption("nki_report")
     report = config.stash.get(_REPORT, None)
     if path and report is not None:
+        report.meta.update(target=_target(config), backend=config.getoption("nki_backend")
+                           or "nkisim", interrupted=int(exitstatus) == 2,
+                           command="pytest " + " ".join(config.invocation_params.args))
         _sorted(report).to_json(path)
 
 

@@ -3,7 +3,8 @@
 A :class:`KernelSpec` ties a kernel name (``naive``, ``tiled``, ``stream``, ``transpose``,
 ``conv2d``; the names ``fixtures/configs.py`` and ``nki-verify`` use) to
 
-* the kernel's import path (``kernels.conv2d:fused_conv2d_maxpool``), imported lazily by a
+* the kernel's import path (``nkiverify.kernels.conv2d:fused_conv2d_maxpool``, or a file
+  ``part2/conv2d.py:fused_conv2d_maxpool``), imported lazily by a
   backend (``nkiverify.backends``) so the right ``neuronxcc.nki`` serves it;
 * the input maker: ``(params, dtype, seed, dist) -> Inputs`` (positional args and keyword args
   of the kernel call, in the kernel's dtype);
@@ -16,10 +17,11 @@ baseline -> ``nkiverify.compare.compare``.
 
 from __future__ import annotations
 
+import os
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import ml_dtypes
 import numpy as np
@@ -94,12 +96,12 @@ def _vector_inputs(params, dtype, seed, dist):
 
 
 def _vector_golden(a, b):
-    from reference.vector_add import vector_add
+    from .reference.vector_add import vector_add
     return vector_add(a, b)
 
 
 def _vector_baseline(a, b, dtype=None):
-    from reference.vector_add import vector_add_baseline
+    from .reference.vector_add import vector_add_baseline
     return vector_add_baseline(a, b, dtype=dtype)
 
 
@@ -116,12 +118,12 @@ def _transpose_inputs(params, dtype, seed, dist):
 
 
 def _transpose_golden(a):
-    from reference.transpose import matrix_transpose
+    from .reference.transpose import matrix_transpose
     return matrix_transpose(a)
 
 
 def _transpose_baseline(a, dtype=None):
-    from reference.transpose import matrix_transpose_baseline
+    from .reference.transpose import matrix_transpose_baseline
     return matrix_transpose_baseline(a, dtype=dtype)
 
 
@@ -150,12 +152,13 @@ def _conv_inputs(params, dtype, seed, dist):
 
 
 def _conv_golden(X, W, bias, pool_size=1):
-    from reference.conv2d import conv2d_maxpool
-    return conv2d_maxpool(X, W, bias, pool_size=pool_size)
+    from .reference.conv2d import conv2d_maxpool
+    # float64 for fp32 kernels, float32 for 16-bit ones (reference.conv2d.golden_dtype)
+    return conv2d_maxpool(X, W, bias, pool_size=pool_size, dtype="auto")
 
 
 def _conv_baseline(X, W, bias, pool_size=1, dtype=None):
-    from reference.conv2d import conv2d_maxpool_baseline
+    from .reference.conv2d import conv2d_maxpool_baseline
     return conv2d_maxpool_baseline(X, W, bias, pool_size=pool_size, dtype=dtype)
 
 
@@ -164,12 +167,12 @@ def _conv_scale(inputs, expected):
     # to run the reference a second time on |inputs|.
     if inputs.all_nonnegative:
         return expected
-    from reference.conv2d import conv2d_maxpool_scale
-    return conv2d_maxpool_scale(*inputs.args, **inputs.kwargs)
+    from .reference.conv2d import conv2d_maxpool_scale
+    return conv2d_maxpool_scale(*inputs.args, dtype="auto", **inputs.kwargs)
 
 
 def _conv_reduction(params):
-    from reference.conv2d import conv2d_reduction_length
+    from .reference.conv2d import conv2d_reduction_length
     return conv2d_reduction_length(int(params["c_in"]), int(params["k"]))
 
 
@@ -177,7 +180,12 @@ def _conv_reduction(params):
 
 @dataclass(frozen=True)
 class KernelSpec:
-    """How to run and check one kernel (see the module docstring)."""
+    """How to run and check one kernel (see the module docstring).
+
+    ``import_path`` is ``module:function`` or ``path/to/file.py:function``; ``kernel`` a kernel
+    object given directly (it wins over ``import_path``); ``source`` says where the kernel came
+    from ("shipped": ours, else the reference the user gave).
+    """
 
     name: str
     family: str
@@ -187,27 +195,214 @@ class KernelSpec:
     baseline: Callable
     reduction_length: Callable     # params -> products summed per output (0: exact copy)
     scale: Callable | None = None  # (inputs, expected) -> magnitude scale, None: max|expected|
+    kernel: object = field(default=None, compare=False)
+    source: str = "shipped"
 
     def inputs(self, params, dtype, seed=0, dist="uniform") -> Inputs:
-        return self.make_inputs(params, dtype_of(dtype), seed, dist)
+        inputs = self.make_inputs(params, dtype_of(dtype), seed, dist)
+        if isinstance(inputs, Inputs):
+            return inputs
+        if isinstance(inputs, tuple) and len(inputs) == 2 and isinstance(inputs[1], dict):
+            return Inputs(tuple(inputs[0]), dict(inputs[1]))
+        return Inputs(tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,), {})
+
+    @property
+    def label(self) -> str:
+        """What runs: the user's reference, or ours."""
+        if self.kernel is not None:
+            return getattr(self.kernel, "__name__", repr(self.kernel))
+        return self.import_path
 
 
 KERNELS: dict[str, KernelSpec] = {}
+SHIPPED: dict[str, KernelSpec] = {}
 
 
-def register(spec: KernelSpec) -> KernelSpec:
+def register_spec(spec: KernelSpec) -> KernelSpec:
+    """Add or replace a :class:`KernelSpec` (the low-level form of :func:`register`)."""
     KERNELS[spec.name] = spec
     return spec
 
 
+def _shipped(spec: KernelSpec) -> None:
+    SHIPPED[spec.name] = register_spec(spec)
+
+
 for _name, _attr in (("naive", "vector_add_naive"), ("tiled", "vector_add_tiled"),
                      ("stream", "vector_add_stream")):
-    register(KernelSpec(_name, "vector_add", f"kernels.vector_add:{_attr}", _vector_inputs,
-                        _vector_golden, _vector_baseline, lambda p: 1, _vector_scale))
-register(KernelSpec("transpose", "transpose", "kernels.transpose:matrix_transpose",
+    _shipped(KernelSpec(_name, "vector_add", f"nkiverify.kernels.vector_add:{_attr}",
+                        _vector_inputs, _vector_golden, _vector_baseline, lambda p: 1,
+                        _vector_scale))
+_shipped(KernelSpec("transpose", "transpose", "nkiverify.kernels.transpose:matrix_transpose",
                     _transpose_inputs, _transpose_golden, _transpose_baseline, lambda p: 0))
-register(KernelSpec("conv2d", "conv2d", "kernels.conv2d:fused_conv2d_maxpool", _conv_inputs,
-                    _conv_golden, _conv_baseline, _conv_reduction, _conv_scale))
+_shipped(KernelSpec("conv2d", "conv2d", "nkiverify.kernels.conv2d:fused_conv2d_maxpool",
+                    _conv_inputs, _conv_golden, _conv_baseline, _conv_reduction, _conv_scale))
+
+
+# ---- a new kernel family: the user's own golden model ---------------------------------------
+
+def _default_baseline(golden):
+    def baseline(*args, dtype=None, **kwargs):
+        out = np.asarray(golden(*args, **kwargs), dtype=np.float64)
+        return out.astype(dtype) if dtype is not None else out
+    return baseline
+
+
+def register(name: str, *, kernel, inputs: Callable, golden: Callable | None = None,
+             baseline: Callable | None = None, reduction_length=1,
+             scale: Callable | None = None):
+    """Register a kernel family with your own golden model; usable as a decorator.
+
+    ``kernel``: ``"path/to/file.py:function"``, ``"module:function"`` or the kernel object.
+    ``inputs(params, dtype, seed, dist)``: the kernel's arguments, a tuple (positional) or
+    ``(args_tuple, kwargs_dict)``; draw them with ``nkiverify.registry.values``.
+    ``golden(*args, **kwargs)``: the exact result (computed in float64 from the inputs).
+    ``baseline(*args, dtype=, **kwargs)``: what correct hardware computes (default: the golden
+    rounded once to ``dtype``). ``reduction_length``: products summed per output element (an
+    int, or ``params -> int``; 0 for a bit-exact copy); ``scale``: see ``nkiverify.compare``.
+
+        nkiverify.register("softmax", kernel="part3/softmax.py:softmax",
+                           inputs=lambda p, dt, seed, dist: (values(rng(seed), (128, p["n"]), dt),),
+                           golden=softmax64)
+
+        @nkiverify.register("scale2", kernel="mine.py:scale2", inputs=...)
+        def scale2_golden(x):
+            return 2.0 * x.astype(np.float64)
+
+    Then ``nki_verify("softmax", {"n": 512}, "float16")`` and ``nki-verify`` (with
+    ``--kernel``) check it like a shipped kernel.
+    """
+    if not name or not isinstance(name, str):
+        raise ValueError(f"register: the kernel name must be a non-empty string, got {name!r}")
+    if golden is None:
+        def decorator(fn):
+            register(name, kernel=kernel, inputs=inputs, golden=fn, baseline=baseline,
+                     reduction_length=reduction_length, scale=scale)
+            return fn
+        return decorator
+    n = reduction_length
+    reduction = n if callable(n) else (lambda params, _n=int(n): _n)
+    obj, path = (None, kernel) if isinstance(kernel, str) else (kernel, "")
+    if path:
+        path = _normalize_location(path)
+    register_spec(KernelSpec(name, name, path, inputs, golden,
+                             baseline or _default_baseline(golden), reduction, scale,
+                             kernel=obj, source="user"))
+    return golden
+
+
+# ---- kernels by reference: NAME=PATH:FUNC -----------------------------------------------------
+
+# The course's function names (cs149-assignment §1, §2: part1/kernels.py, part2/conv2d.py) and
+# the family each is checked as, so `--kernel part2/conv2d.py:fused_conv2d_maxpool` needs no
+# NAME=. trn1's direct-allocation kernels compute a vector add on their own fixed sizes: name
+# them explicitly (e.g. stream=part1/kernels.py:vector_add_direct_allocation).
+COURSE_FUNCTIONS = {
+    "vector_add_naive": "naive",
+    "vector_add_tiled": "tiled",
+    "vector_add_stream": "stream",
+    "matrix_transpose": "transpose",
+    "fused_conv2d_maxpool": "conv2d",
+}
+
+
+class KernelRefError(ValueError):
+    """A kernel reference that names no kernel (one line, says what to write instead)."""
+
+
+def is_path(location: str) -> bool:
+    """``part2/conv2d.py`` (a file) rather than ``package.module`` (an import)."""
+    return location.endswith(".py") or "/" in location or os.sep in location
+
+
+def _normalize_location(location: str) -> str:
+    """Absolute file paths (so xdist workers and other directories see the same file)."""
+    module, sep, attr = location.rpartition(":")
+    if not sep:
+        module, attr = location, ""
+    if is_path(module):
+        module = os.path.abspath(os.path.expanduser(module))
+    return f"{module}:{attr}" if attr else module
+
+
+def parse_kernel_ref(text: str) -> tuple[str, str]:
+    """``"NAME=PATH:FUNC"`` (or ``PATH:FUNC``, ``module:FUNC``, ``NAME=PATH``) ->
+    ``(name, "location:function")`` with file paths made absolute.
+
+    Without NAME the family comes from the course's function name (``COURSE_FUNCTIONS``);
+    without FUNC the family's course function name is used. Raises :class:`KernelRefError`.
+    """
+    raw = text
+    name, eq, rest = text.partition("=")
+    if not eq:
+        name, rest = "", text
+    name, rest = name.strip(), rest.strip()
+    if not rest:
+        raise KernelRefError(f"kernel reference {raw!r} names no kernel; write NAME=PATH:FUNCTION "
+                             "e.g. conv2d=part2/conv2d.py:fused_conv2d_maxpool")
+    location, sep, func = rest.rpartition(":")
+    if not sep or (not is_path(location) and "/" in func) or func.endswith(".py"):
+        location, func = rest, ""
+    if not func:
+        if not name:
+            raise KernelRefError(
+                f"kernel reference {raw!r}: say which function, PATH:FUNCTION (e.g. "
+                "part2/conv2d.py:fused_conv2d_maxpool)")
+        if name not in KERNELS:
+            raise KernelRefError(f"kernel reference {raw!r}: unknown kernel {name!r}; known: "
+                                 f"{', '.join(KERNELS)}")
+        func = KERNELS[name].import_path.rpartition(":")[2]
+    if not name:
+        name = COURSE_FUNCTIONS.get(func, "")
+        if not name:
+            raise KernelRefError(
+                f"kernel reference {raw!r}: {func!r} is not one of the course's functions "
+                f"({', '.join(COURSE_FUNCTIONS)}); say what it computes with NAME=, e.g. "
+                f"conv2d={rest}")
+    if name not in KERNELS:
+        raise KernelRefError(f"kernel reference {raw!r}: unknown kernel {name!r}; known: "
+                             f"{', '.join(KERNELS)} (a new family: nkiverify.register)")
+    if is_path(location):
+        path = os.path.abspath(os.path.expanduser(location))
+        if not os.path.isfile(path):
+            raise KernelRefError(f"kernel reference {raw!r}: no such file {location!r}")
+        location = path
+    return name, f"{location}:{func}"
+
+
+def use_kernel(ref) -> KernelSpec:
+    """Make a family run the user's kernel: ``use_kernel("conv2d=part2/conv2d.py:f")``.
+
+    The golden model, inputs and tolerances stay the family's; only the kernel changes.
+    Returns the new spec (also in ``KERNELS``).
+    """
+    name, location = parse_kernel_ref(ref)
+    return register_spec(replace(KERNELS[name], import_path=location, kernel=None,
+                                 source=location))
+
+
+def spec_for(kernel, family: str | None = None) -> KernelSpec:
+    """The spec to run for ``kernel``: a registered name, a reference (``NAME=PATH:FUNC``,
+    ``PATH:FUNC``) or a kernel object (its family from ``family`` or its function name)."""
+    if isinstance(kernel, KernelSpec):
+        return kernel
+    if isinstance(kernel, str):
+        if kernel in KERNELS and family is None:
+            return KERNELS[kernel]
+        ref = kernel if (family is None or "=" in kernel) else f"{family}={kernel}"
+        name, location = parse_kernel_ref(ref)
+        return replace(KERNELS[name], import_path=location, kernel=None, source=location)
+    if callable(kernel) or hasattr(kernel, "func"):
+        fname = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "func", None),
+                                                             "__name__", "")
+        name = family or COURSE_FUNCTIONS.get(fname)
+        if name is None:
+            raise KernelRefError(f"kernel {fname or kernel!r}: cannot tell which kernel family it "
+                                 f"is; pass family= (one of {', '.join(KERNELS)})")
+        if name not in KERNELS:
+            raise KernelRefError(f"unknown kernel family {name!r}; known: {', '.join(KERNELS)}")
+        return replace(KERNELS[name], kernel=kernel, source=fname or "kernel object")
+    raise KernelRefError(f"not a kernel: {kernel!r} (a name, NAME=PATH:FUNC, or a kernel)")
 
 
 DTYPE_ORDER = ("float32", "float16", "bfloat16")
@@ -268,15 +463,23 @@ def check_output(spec: KernelSpec, params, dtype, inputs: Inputs, actual, k: flo
                    baseline=baseline, k=k)
 
 
+class KernelReturnedNone(AssertionError):
+    """The kernel returned nothing, so there is no output to check."""
+
+
 def run_case(spec: KernelSpec | str, params: dict, dtype, backend, *, seed: int = 0,
              dist: str = "uniform", k: float = 4.0) -> Outcome:
     """Make inputs, run the kernel on ``backend``, compare with the golden model."""
-    if isinstance(spec, str):
-        spec = get(spec)
+    if not isinstance(spec, KernelSpec):
+        spec = spec_for(spec)
     inputs = spec.inputs(params, dtype, seed, dist)
-    kernel = backend.load(spec.import_path)
+    kernel = spec.kernel if spec.kernel is not None else backend.load(spec.import_path)
     t0 = time.perf_counter()
     out = backend.run(kernel, *inputs.args, **inputs.kwargs)
     t1 = time.perf_counter()
+    if out is None:
+        raise KernelReturnedNone(
+            f"kernel {spec.label} returned None: a kernel must return its output tensor "
+            "(a missing `return out`?)")
     comparison = check_output(spec, params, dtype, inputs, out, k=k)
     return Outcome(comparison, out, t1 - t0, time.perf_counter() - t1)

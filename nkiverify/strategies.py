@@ -11,8 +11,16 @@ from them, which is fast for the 100k-element inputs a conv needs. For small arr
 shrinking element values matters, :func:`float_arrays` draws every element with hypothesis,
 including bfloat16 (:func:`bf16_arrays`), which ``hypothesis.extra.numpy`` cannot infer.
 
-    @given(case=strategies.kernel_cases("conv2d", dtype="float16"))
+    @given(case=strategies.kernel_cases("conv2d", dtype="float16", contract="course"))
     def test_conv(case): ...
+
+Contracts. ``contract="hardware"`` draws every shape the hardware allows (what our kernels
+handle: 1x1 to 5x5 filters, pool 3, vector lengths that are no multiple of 128);
+``contract="course"`` only what the course's kernels must handle (cs149-assignment §1, §2;
+docs/course-contract.md): a 3x3 filter, pool 1 or 2 dividing the output height, C_in/C_out
+multiples of 128, output width <= 512; vector add naive n <= 128, tiled n a multiple of 128,
+stream n a multiple of 128*200 (the handout's FREE_DIM=200 must divide n/128); transpose M, N
+multiples of 128.
 """
 
 from __future__ import annotations
@@ -87,9 +95,19 @@ def seeds() -> st.SearchStrategy[int]:
 
 # ---- shapes per kernel family -------------------------------------------------------------
 
+CONTRACTS = ("course", "hardware")
+COURSE_STREAM_FREE_DIM = 200     # the handout's largest FREE_DIM for n = 25600 (cs149 §1)
+
+
+def _check_contract(contract: str) -> str:
+    if contract not in CONTRACTS:
+        raise ValueError(f"contract must be one of {CONTRACTS}, got {contract!r}")
+    return contract
+
+
 def vector_add_params(kernel: str = "stream", *, target: str | None = None,
-                      max_tiles: int = 24, max_stream_cols: int = 4200
-                      ) -> st.SearchStrategy[dict]:
+                      max_tiles: int = 24, max_stream_cols: int = 4200,
+                      contract: str = "hardware") -> st.SearchStrategy[dict]:
     """``{"n": n}`` for a vector-add kernel.
 
     ``naive`` holds one element per partition: 1..pmax. ``tiled`` takes any length (its last
@@ -98,6 +116,11 @@ def vector_add_params(kernel: str = "stream", *, target: str | None = None,
     usually is, so partial last tiles are drawn too.
     """
     lim = limits(target)
+    if _check_contract(contract) == "course" and kernel in ("tiled", "stream"):
+        step = lim.pmax * (COURSE_STREAM_FREE_DIM if kernel == "stream" else 1)
+        top = max(1, (max_tiles * lim.pmax if kernel == "tiled"
+                      else max(max_stream_cols * lim.pmax, 10 * step)) // step)
+        return st.builds(lambda t: {"n": t * step}, st.integers(1, top))
     if kernel == "naive":
         n = st.integers(1, lim.pmax)
     elif kernel == "tiled":
@@ -122,14 +145,19 @@ def _divisors(n: int) -> list[int]:
 
 @st.composite
 def conv2d_params(draw, *, dtype="float32", target: str | None = None, max_channel_tiles=2,
-                  filters=(1, 2, 3, 5), max_out_h=10, max_out_w=20, max_batch=2,
-                  max_pool=3) -> dict:
+                  filters=None, max_out_h=10, max_out_w=20, max_batch=2,
+                  max_pool=None, contract: str = "hardware") -> dict:
     """Parameters of ``fused_conv2d_maxpool`` within the kernel's contract (cs149 §2):
 
     C_in, C_out multiples of pmax with the weights fitting in SBUF; a square K x K filter; stride
     1, no padding; output width at most ``gemm_moving_fmax``; a pool size dividing the output
     height (and at most the output width); bias or zeros.
     """
+    course = _check_contract(contract) == "course"
+    if filters is None:
+        filters = (3,) if course else (1, 2, 3, 5)
+    if max_pool is None:
+        max_pool = 2 if course else 3
     lim = limits(target)
     ks = [k for k in filters if lim.weights_fit(lim.pmax, lim.pmax, k, dtype)]
     if not ks:
@@ -150,22 +178,25 @@ def conv2d_params(draw, *, dtype="float32", target: str | None = None, max_chann
 
 
 def kernel_params(kernel: str, *, dtype="float32", target: str | None = None,
-                  **bounds) -> st.SearchStrategy[dict]:
+                  contract: str = "hardware", **bounds) -> st.SearchStrategy[dict]:
     if kernel in ("naive", "tiled", "stream"):
-        return vector_add_params(kernel, target=target, **bounds)
+        return vector_add_params(kernel, target=target, contract=contract, **bounds)
     if kernel == "transpose":
+        _check_contract(contract)       # the course asserts multiples of 128, as the hardware
         return transpose_params(target=target, **bounds)
     if kernel == "conv2d":
-        return conv2d_params(dtype=dtype, target=target, **bounds)
+        return conv2d_params(dtype=dtype, target=target, contract=contract, **bounds)
     raise ValueError(f"unknown kernel {kernel!r}")
 
 
 @st.composite
 def kernel_cases(draw, kernel: str, *, dtype: str | None = None, target: str | None = None,
-                 dist: str | None = None, **bounds) -> KernelCase:
-    """A whole case: parameters within limits, a dtype (fixed or drawn), a seed, a magnitude."""
+                 dist: str | None = None, contract: str = "course", **bounds) -> KernelCase:
+    """A whole case: parameters within ``contract`` ("course": what the course's kernels must
+    handle, the default; "hardware": every shape the hardware allows), a dtype (fixed or
+    drawn), a seed, a magnitude."""
     dt = dtype if dtype is not None else draw(dtypes())
-    params = draw(kernel_params(kernel, dtype=dt, target=target, **bounds))
+    params = draw(kernel_params(kernel, dtype=dt, target=target, contract=contract, **bounds))
     d = dist if dist is not None else draw(dists())
     return KernelCase(kernel, params, dt, draw(seeds()), d)
 

@@ -9,15 +9,15 @@ Each kernel has two models:
   can be expected to achieve.
 """
 
-from reference.conv2d import (
+from .conv2d import (
     conv2d_maxpool,
     conv2d_maxpool_baseline,
     conv2d_maxpool_scale,
     conv2d_reduction_length,
     maxpool2d,
 )
-from reference.transpose import matrix_transpose, matrix_transpose_baseline
-from reference.vector_add import vector_add, vector_add_baseline
+from .transpose import matrix_transpose, matrix_transpose_baseline
+from .vector_add import vector_add, vector_add_baseline
 
 __all__ = [
     "conv2d_maxpool",

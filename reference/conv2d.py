@@ -77,7 +77,6 @@ def maxpool2d(y, pool_size):
 
 def _conv2d(x, w, bias, acc_dtype):
     """Cross-correlation plus bias, every matmul and every sum carried out in ``acc_dtype``."""
-    x = np.ascontiguousarray(x, dtype=acc_dtype)
     # (K, K, C_out, C_in): each tap matrix is contiguous, so matmul does not copy it.
     taps = np.ascontiguousarray(np.moveaxis(np.asarray(w, dtype=acc_dtype), (2, 3), (0, 1)))
     bias = np.asarray(bias, dtype=acc_dtype)
@@ -87,11 +86,14 @@ def _conv2d(x, w, bias, acc_dtype):
     out = np.empty((batch, c_out, out_h, out_w), dtype=acc_dtype)
     product = np.empty((c_out, out_h * width), dtype=acc_dtype)
     for b in range(batch):
+        # one image at a time in acc_dtype: a float64 copy of a whole B=4 256x224x224 batch
+        # would be 400 MB more at the peak
+        xb = np.ascontiguousarray(x[b], dtype=acc_dtype)
         acc = out[b]
         acc[...] = 0
         for di in range(k):
             # Rows di .. di+out_h-1 of every channel, full width: a view, no copy.
-            rows = x[b, :, di : di + out_h, :].reshape(c_in, out_h * width)
+            rows = xb[:, di : di + out_h, :].reshape(c_in, out_h * width)
             for dj in range(k):
                 np.matmul(taps[di, dj], rows, out=product)
                 acc += product.reshape(c_out, out_h, width)[:, :, dj : dj + out_w]
@@ -99,30 +101,65 @@ def _conv2d(x, w, bias, acc_dtype):
     return out
 
 
-def conv2d_maxpool(X, W, bias, pool_size=1):
+def golden_dtype(*arrays):
+    """The precision the golden model needs for inputs of these dtypes: float32 when every
+    input is a float of at most 16 bits (float16, bfloat16, float8), else float64.
+
+    Why float32 suffices there: a product of two floats of at most 16 bits has at most
+    2*11 = 22 significant bits, so it is exact in float32 (24 bits); only the sums round. Each
+    tap's GEMM sums C_in products and the K*K taps are then added, so the golden's error is at
+    most about (C_in + K*K) * 2**-24 of the sum of |terms| (256 channels, 3x3: 1.6e-5) and
+    typically sqrt(C_in + K*K) * 2**-24 (1e-6), with zero mean. Such outputs are allowed half an
+    ulp of float16 (2**-11 = 4.9e-4 of |y|) or coarser plus ``4*sqrt(K)*2**-24`` (1.1e-5) of
+    the sum of |terms| (``nkiverify.compare.tolerance_for``): the golden's typical error is a
+    few percent of that. fp32 outputs need float64: their half ulp (3e-8 of |y|) is below a
+    float32 sum's error. (The float32 golden is about 2x faster and half the memory.)
+    """
+    for a in arrays:
+        dt = np.dtype(a.dtype)
+        if dt.kind not in "fV" or dt.itemsize > 2:
+            return np.dtype(np.float64)
+    return np.dtype(np.float32)
+
+
+def _precision(dtype, X, W, bias):
+    if dtype is None:
+        return np.dtype(np.float64)
+    if dtype == "auto":
+        return golden_dtype(X, W, bias)
+    dtype = np.dtype(dtype)
+    if dtype not in (np.dtype(np.float64), np.dtype(np.float32)):
+        raise ValueError(f"dtype must be float64, float32 or 'auto', got {dtype}")
+    return dtype
+
+
+def conv2d_maxpool(X, W, bias, pool_size=1, dtype=None):
     """Exact conv2d + bias + max pool, in float64, from the given (already rounded) inputs.
 
     Accepts any float input dtype (float32, float16, ``ml_dtypes.bfloat16``, ...); products of
     two inputs of at most fp32 precision are exact in float64, and the float64 sum's error
     (about K * 2**-53 relative) is far below any output dtype's resolution.
     Returns float64 of shape (B, C_out, out_h // pool_size, out_w // pool_size).
+    ``dtype="auto"`` computes in ``golden_dtype(X, W, bias)`` instead (float32 for 16-bit
+    inputs, which is accurate enough to judge 16-bit outputs), and returns that dtype.
     """
     X, W, bias = np.asarray(X), np.asarray(W), np.asarray(bias)
     p = _check_shapes(X, W, bias, pool_size)
-    return maxpool2d(_conv2d(X, W, bias, np.float64), p)
+    return maxpool2d(_conv2d(X, W, bias, _precision(dtype, X, W, bias)), p)
 
 
-def conv2d_maxpool_scale(X, W, bias, pool_size=1):
+def conv2d_maxpool_scale(X, W, bias, pool_size=1, dtype=None):
     """Magnitude of the terms summed into each output: the exact model on ``|X|, |W|, |bias|``.
 
     Each conv element becomes ``sum |x * w| + |bias|``; the max pool of those bounds the value
     for whichever window element the kernel's max selects. This is the ``scale`` that
     ``nkiverify.compare`` uses for the fp32 accumulation error, which grows with the sum of
-    magnitudes, not with the (possibly cancelled) result.
+    magnitudes, not with the (possibly cancelled) result. ``dtype`` as for ``conv2d_maxpool``.
     """
     X, W, bias = np.asarray(X), np.asarray(W), np.asarray(bias)
     p = _check_shapes(X, W, bias, pool_size)
-    return maxpool2d(_conv2d(np.abs(X), np.abs(W), np.abs(bias), np.float64), p)
+    return maxpool2d(_conv2d(np.abs(X), np.abs(W), np.abs(bias),
+                             _precision(dtype, X, W, bias)), p)
 
 
 def conv2d_maxpool_baseline(X, W, bias, pool_size=1, dtype=None):
@@ -137,5 +174,6 @@ def conv2d_maxpool_baseline(X, W, bias, pool_size=1, dtype=None):
     X, W, bias = np.asarray(X), np.asarray(W), np.asarray(bias)
     p = _check_shapes(X, W, bias, pool_size)
     dtype = np.dtype(X.dtype if dtype is None else dtype)
-    x, w, b = (a.astype(dtype).astype(np.float32) for a in (X, W, bias))
+    # no copies when the inputs already are float32 (the B=4 fp32 input is 200 MB)
+    x, w, b = (a.astype(dtype, copy=False).astype(np.float32, copy=False) for a in (X, W, bias))
     return maxpool2d(_conv2d(x, w, b, np.float32), p).astype(dtype)

@@ -4,7 +4,10 @@ Cases are drawn within the hardware limits of the session's target (``--nki-targ
 ``nkiverify.strategies``: shapes, pool sizes, bias, and inputs at several magnitudes (uniform
 [0, 1) as the course harness, signed normal, ~1e-3, ~1e3). Each dtype is its own test so
 ``--nki-dtypes`` and the tox envs select them. The number of examples comes from the
-hypothesis profile (``ci``: 10, derandomized; ``dev``: 20; ``thorough``: 200).
+hypothesis profile (``nki-ci``: 10, derandomized; ``nki-dev``: 20; ``nki-thorough``: 200).
+
+Our kernels are drawn within the hardware's limits; a kernel given with ``--nki-kernel`` (a
+student's) within the course's contract (``nki_contract``; ``--nki-contract`` overrides).
 """
 
 import pytest
@@ -29,8 +32,9 @@ def _verify(case, nki_verify):
 @pytest.mark.parametrize("kernel", ["naive", "tiled", "stream"])
 @relaxed
 @given(data=st.data())
-def test_vector_add(kernel, dtype, data, nki_target, nki_verify):
+def test_vector_add(kernel, dtype, data, nki_target, nki_verify, nki_contract):
     case = data.draw(strategies.kernel_cases(kernel, dtype=dtype, target=nki_target,
+                                             contract=nki_contract(kernel),
                                              **({"max_tiles": 8} if kernel == "tiled" else {})),
                      label="case")
     _verify(case, nki_verify)
@@ -39,8 +43,9 @@ def test_vector_add(kernel, dtype, data, nki_target, nki_verify):
 @pytest.mark.parametrize("dtype", DTYPES)
 @relaxed
 @given(data=st.data())
-def test_transpose(dtype, data, nki_target, nki_verify):
-    case = data.draw(strategies.kernel_cases("transpose", dtype=dtype, target=nki_target),
+def test_transpose(dtype, data, nki_target, nki_verify, nki_contract):
+    case = data.draw(strategies.kernel_cases("transpose", dtype=dtype, target=nki_target,
+                                             contract=nki_contract("transpose")),
                      label="case")
     _verify(case, nki_verify)
 
@@ -48,7 +53,8 @@ def test_transpose(dtype, data, nki_target, nki_verify):
 @pytest.mark.parametrize("dtype", DTYPES)
 @relaxed
 @given(data=st.data())
-def test_conv2d(dtype, data, nki_target, nki_verify):
-    case = data.draw(strategies.kernel_cases("conv2d", dtype=dtype, target=nki_target),
+def test_conv2d(dtype, data, nki_target, nki_verify, nki_contract):
+    case = data.draw(strategies.kernel_cases("conv2d", dtype=dtype, target=nki_target,
+                                             contract=nki_contract("conv2d")),
                      label="case")
     _verify(case, nki_verify)

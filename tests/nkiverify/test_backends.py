@@ -171,7 +171,7 @@ def test_load_reports_a_bad_path():
     b = NkisimBackend()
     with pytest.raises(ValueError, match="module:function"):
         b.load("kernels.vector_add")
-    with pytest.raises(ImportError, match="has no 'nope'"):
+    with pytest.raises(ImportError, match="has no function 'nope'"):
         b.load("kernels.vector_add:nope")
 
 

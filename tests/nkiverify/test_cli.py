@@ -46,11 +46,11 @@ def bad_naive(tmp_path, monkeypatch):
 
 def test_run_prints_the_table_and_progress(capsys, tmp_path):
     path = tmp_path / "r.json"
-    code = cli.main(["--cases", "stream-n384,naive-n128", "--report", str(path)])
+    code = cli.main(["--cases", "stream-n384,naive-n128", "--report", str(path), "-j", "1"])
     out, err = capsys.readouterr()
     assert code == 0
     header = next(line for line in out.splitlines() if line.startswith("case"))
-    for col in ("dtype", "result", "max ULP", "p99 ULP", "max rel", "total s"):
+    for col in ("dtype", "result", "err/allowed", "max abs", "max rel", "max ULP", "total s"):
         assert col in header
     rows = [line.split() for line in out.splitlines()
             if line.startswith(("stream-n384", "naive-n128"))]
@@ -99,9 +99,11 @@ def test_selection(capsys):
     assert "no case matches" in capsys.readouterr().err
 
 
-def test_unknown_dtype_is_an_error():
-    with pytest.raises(SystemExit, match="unknown dtype 'float99'"):
+def test_unknown_dtype_is_an_error(capsys):
+    with pytest.raises(SystemExit) as exc:
         cli.main(["--dtypes", "float99"])
+    assert exc.value.code == 2
+    assert "argument --dtypes: unknown dtype 'float99'" in capsys.readouterr().err
 
 
 def test_list(capsys):
@@ -137,7 +139,7 @@ def test_bench_params_defaults_are_the_course_sizes():
                                "2", "--batch", "2", "--filter", "5", "--no-bias"))
     assert p == {"batch": 2, "c_in": 128, "c_out": 384, "height": 32, "width": 16, "k": 5,
                  "bias": False, "pool": 2}
-    with pytest.raises(SystemExit, match="--image needs 2 numbers"):
+    with pytest.raises(cli.UsageError, match="--image needs 2 numbers"):
         cli.bench_params(_args("conv2d", "--image", "224"))
 
 

@@ -368,3 +368,104 @@ def test_buggy_kernels_fail_in_fp32(bug, data):
     X, W, bias = conv_inputs(data, FP32)
     result = check(BUGS[bug](X, W, bias, FP32), X, W, bias, FP32, False)
     assert not result.passed and result.stats.mismatches > 0
+
+
+# --- chunked statistics against a plain NumPy computation ---------------------------------------
+
+def _plain_numpy_stats(actual, expected, dtype, tol, scale):
+    """The statistics computed the obvious way, on whole arrays (the truth for the chunked ones)."""
+    a, e = actual.astype(np.float64).ravel(), expected.astype(np.float64).ravel()
+    s = np.broadcast_to(scale, expected.shape).ravel() if np.ndim(scale) else scale
+    ok = np.isfinite(a) & np.isfinite(e)
+    a, e = a[ok], e[ok]
+    s = s[ok] if np.ndim(s) else s
+    abs_err = np.abs(a - e)
+    allowed = tol.allowed(e, s)
+    ratio = np.where(abs_err > 0, abs_err / np.where(allowed > 0, allowed, 1), 0)
+    rel = abs_err / np.maximum(np.abs(e), float(ml_dtypes.finfo(dtype).smallest_normal))
+    ulps = abs_err / ulp(e, dtype)
+    k = int(np.argmax(ratio))
+    return {"abs": abs_err, "rel": rel, "ulp": ulps, "mismatches": int((ratio > 1).sum()),
+            "worst": int(np.flatnonzero(ok)[k]), "max_ratio": ratio[k],
+            "mean_error": float((a - e).mean())}
+
+
+def _noisy(shape, dtype, seed):
+    rng = np.random.default_rng(seed)
+    expected = rng.standard_normal(shape) * 50
+    actual = (expected + rng.standard_normal(shape) * 2e-2).astype(dtype)
+    return actual, expected
+
+
+@pytest.mark.parametrize("dtype", [FP32, BF16], ids=str)
+@pytest.mark.parametrize("chunk", [1, 7, 1000, None])
+def test_chunked_stats_equal_whole_array_numpy(dtype, chunk):
+    actual, expected = _noisy((13, 17, 9), dtype, 5)
+    actual[3, 4, 5] = np.nan                      # NaNs in different chunks
+    actual[12, 0, 1] = np.inf
+    tol = tolerance_for(dtype, 64)
+    scale = np.abs(expected) + 1
+    st = error_stats(actual, expected, dtype, tol, scale, chunk=chunk)
+    want = _plain_numpy_stats(actual, expected, dtype, tol, scale)
+    assert st.nan_count == 2 and st.first_nonfinite_index == (3, 4, 5)
+    assert st.mismatches == want["mismatches"] + 2
+    assert st.worst_index == np.unravel_index(want["worst"], expected.shape)
+    assert st.max_ratio == pytest.approx(want["max_ratio"], rel=1e-12)
+    assert st.mean_error == pytest.approx(want["mean_error"], rel=1e-9)
+    for name in ("abs", "rel", "ulp"):
+        dist, values = getattr(st, name), want[name]
+        assert dist.max == values.max()                       # exact
+        assert dist.mean == pytest.approx(values.mean(), rel=1e-12)
+        assert (dist.p50, dist.p90, dist.p99, dist.p999) == pytest.approx(
+            tuple(np.percentile(values, [50, 90, 99, 99.9])), rel=1e-12)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_histogram_percentiles_within_their_documented_accuracy(seed):
+    # More values than EXACT_PERCENTILES (lowered here): percentiles come from the log-histogram,
+    # within 2**-HIST_BITS relative of np.percentile; max and mean stay exact.
+    from nkiverify.compare import HIST_BITS
+    actual, expected = _noisy(20000, FP32, seed)
+    tol = tolerance_for(FP32, 16)
+    exact = error_stats(actual, expected, FP32, tol, chunk=999)
+    hist = error_stats(actual, expected, FP32, tol, chunk=999, exact_percentiles=500)
+    want = _plain_numpy_stats(actual, expected, FP32, tol, np.abs(expected).max())
+    for name in ("abs", "rel", "ulp"):
+        d, values = getattr(hist, name), want[name]
+        assert d.max == values.max()
+        assert d.mean == pytest.approx(values.mean(), rel=1e-12)
+        got = (d.p50, d.p90, d.p99, d.p999)
+        assert got == pytest.approx(tuple(np.percentile(values, [50, 90, 99, 99.9])),
+                                    rel=2.0**-HIST_BITS)
+        e = getattr(exact, name)
+        assert got != (e.p50, e.p90, e.p99, e.p999)    # the histogram path did run
+    assert hist.mismatches == exact.mismatches and hist.worst_index == exact.worst_index
+
+
+def test_histogram_percentiles_of_zero_and_constant_errors():
+    expected = np.arange(5000, dtype=np.float64)
+    st = error_stats(expected.astype(np.float32), expected, FP32, tolerance_for(FP32, 1),
+                     exact_percentiles=10, chunk=333)
+    assert (st.abs.max, st.abs.p50, st.abs.p999, st.abs.mean) == (0.0, 0.0, 0.0, 0.0)
+    off = expected + 0.25
+    st = error_stats(off, expected, np.float64, tolerance_for(np.float64, 1),
+                     exact_percentiles=10, chunk=333)
+    assert st.abs.max == 0.25 and st.abs.p50 == 0.25 and st.abs.p999 == 0.25
+
+
+def test_baseline_gets_only_its_max_and_counts():
+    actual, expected = _noisy((40, 30), FP16, 3)
+    tol = tolerance_for(FP16, 1)
+    full = error_stats(actual, expected, FP16, tol)
+    lean = error_stats(actual, expected, FP16, tol, full=False, chunk=64)
+    assert lean.abs.max == full.abs.max == np.abs(actual.astype(np.float64) - expected).max()
+    assert (lean.n, lean.mismatches, lean.nan_count) == (full.n, full.mismatches, full.nan_count)
+    assert math.isnan(lean.abs.p99) and math.isnan(lean.ulp.max) and lean.worst_index is None
+
+
+def test_compare_does_not_modify_its_float64_inputs():
+    actual, expected = _noisy((64, 64), np.float64, 4)
+    a0, e0 = actual.copy(), expected.copy()
+    compare(actual, expected, FP32, baseline=actual, scale=np.abs(expected))
+    np.testing.assert_array_equal(actual, a0)
+    np.testing.assert_array_equal(expected, e0)

@@ -11,7 +11,11 @@ def _skip_reasons(result):
     return "\n".join(line for line in result.outlines if line.startswith("SKIPPED"))
 
 
+OPT_IN = "[pytest]\nnki_verify = true\n"
+
+
 def test_markers_are_registered(pytester):
+    pytester.makeini(OPT_IN)
     result = pytester.runpytest("--markers")
     out = result.stdout.str()
     for marker in ("@pytest.mark.simulate", "@pytest.mark.device", "@pytest.mark.slow",
@@ -232,12 +236,13 @@ PROFILE_TEST = """
 @pytest.mark.parametrize("env, args, expected", [
     ({"CI": "true"}, [], "PROFILE 10 True None"),
     ({}, [], "PROFILE 20 False None"),
-    ({}, ["--hypothesis-profile", "thorough"], "PROFILE 200 False None"),
+    ({}, ["--hypothesis-profile", "nki-thorough"], "PROFILE 200 False None"),
 ], ids=["ci-env", "local", "thorough"])
 def test_hypothesis_profiles(pytester, monkeypatch, env, args, expected):
     monkeypatch.delenv("CI", raising=False)
     for k, v in env.items():
         monkeypatch.setenv(k, v)
+    pytester.makeini(OPT_IN)
     pytester.makepyfile(PROFILE_TEST)
     result = pytester.runpytest_subprocess("-s", *args)
     result.assert_outcomes(passed=1)
@@ -281,3 +286,35 @@ def test_twins_share_an_xdist_worker_under_loadgroup(pytester):
     reasons = [line for line in result.outlines if line.startswith("SKIPPED")]
     assert sum(int(line.split("[")[1].split("]")[0]) for line in reasons
                if "simulated twin failed" in line) == 4
+
+
+def test_xdist_defaults_to_worksteal_with_slow_cases_first(pytester):
+    # `-n N` alone: worksteal (an idle worker takes a busy one's pending tests); an explicit
+    # --dist is kept. Slow cases are collected first, twins still adjacent. (Only in a project
+    # that opted in: the plugin is inert elsewhere.)
+    pytester.makeini("[pytest]\nnki_verify = true\n")
+    pytester.makepyfile("""
+        import pytest
+
+        def test_fast():
+            pass
+
+        @pytest.mark.parametrize("x", [1, pytest.param(2, marks=pytest.mark.slow)])
+        def test_k(x, nki_backend):
+            pass
+    """)
+    # one worker is enough to see the scheduler xdist picks (and cheaper than two)
+    result = pytester.runpytest_subprocess("-n", "1", "-v", "-p", "no:cacheprovider")
+    result.stdout.fnmatch_lines(["*scheduling tests via WorkStealingScheduling*"])
+    result.assert_outcomes(passed=3, skipped=2)
+    explicit = pytester.runpytest_subprocess("-n", "1", "--dist", "load", "-v",
+                                             "-p", "no:cacheprovider")
+    explicit.stdout.fnmatch_lines(["*scheduling tests via LoadScheduling*"])
+    order = pytester.runpytest("--collect-only", "-q").outlines
+    assert [line for line in order if "::" in line] == [
+        "test_xdist_defaults_to_worksteal_with_slow_cases_first.py::test_k[2-simulate]",
+        "test_xdist_defaults_to_worksteal_with_slow_cases_first.py::test_k[2-device]",
+        "test_xdist_defaults_to_worksteal_with_slow_cases_first.py::test_fast",
+        "test_xdist_defaults_to_worksteal_with_slow_cases_first.py::test_k[1-simulate]",
+        "test_xdist_defaults_to_worksteal_with_slow_cases_first.py::test_k[1-device]",
+    ]

@@ -176,3 +176,36 @@ def test_conv_inputs_follow_the_params(data):
     assert inputs.kwargs == {"pool_size": p["pool"]}
     if not p["bias"]:
         assert not np.any(bias.astype(np.float32))
+
+
+# ---- contracts ----------------------------------------------------------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(p=strategies.kernel_params("conv2d", contract="course"))
+def test_course_contract_conv2d(p):
+    # cs149-assignment §2: 3x3 filter, pool 1 or 2 dividing the output height, channels
+    # multiples of 128, output width <= gemm_moving_fmax
+    out_h, out_w = p["height"] - p["k"] + 1, p["width"] - p["k"] + 1
+    assert p["k"] == 3 and p["pool"] in (1, 2) and out_h % p["pool"] == 0
+    assert p["c_in"] % 128 == 0 and p["c_out"] % 128 == 0 and out_w <= 512
+
+
+def test_hardware_contract_reaches_what_the_course_never_tests():
+    hw = strategies.kernel_params("conv2d", contract="hardware")
+    assert find(hw, lambda p: p["k"] == 5)["k"] == 5
+    assert find(hw, lambda p: p["pool"] == 3)["pool"] == 3
+
+
+@settings(max_examples=40, deadline=None)
+@given(tiled=strategies.kernel_params("tiled", contract="course"),
+       stream=strategies.kernel_params("stream", contract="course"))
+def test_course_contract_vector_add(tiled, stream):
+    assert tiled["n"] % 128 == 0
+    assert stream["n"] % (128 * 200) == 0
+
+
+def test_kernel_cases_default_to_the_course_contract():
+    case = find(strategies.kernel_cases("conv2d"), lambda c: True)
+    assert case.params["k"] == 3
+    with pytest.raises(ValueError, match="contract must be one of"):
+        find(strategies.kernel_cases("conv2d", contract="bogus"), lambda c: True)

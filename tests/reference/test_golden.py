@@ -232,3 +232,29 @@ def test_matrix_transpose():
         matrix_transpose(np.zeros(4))
     with pytest.raises(ValueError, match="2-D"):
         matrix_transpose_baseline(np.zeros((2, 2, 2)))
+
+
+def test_auto_precision_golden():
+    # float32 for 16-bit inputs (products exact in float32), float64 otherwise; the float32
+    # golden stays within a few percent of a 16-bit output's half-ulp allowance of the float64 one.
+    from reference.conv2d import golden_dtype
+    rng = np.random.default_rng(12)
+    for dtype, want in ((BF16, np.float32), (np.dtype(np.float16), np.float32),
+                        (np.dtype(np.float32), np.float64)):
+        X, Wt, bias = make_conv_inputs(rng, 1, 256, 4, 8, 8, 3, signed=True, dtype=dtype)
+        assert golden_dtype(X, Wt, bias) == want
+        got = conv2d_maxpool(X, Wt, bias, pool_size=2, dtype="auto")
+        exact = conv2d_maxpool(X, Wt, bias, pool_size=2)
+        assert got.dtype == want and exact.dtype == np.float64
+        scale = conv2d_maxpool_scale(X, Wt, bias, pool_size=2)
+        auto_scale = conv2d_maxpool_scale(X, Wt, bias, pool_size=2, dtype="auto")
+        assert auto_scale.dtype == want and np.all(auto_scale >= 0)
+        # error bound of a float32 sum of C_in products per tap plus the taps (see golden_dtype)
+        bound = (256 + 9 + 1) * U32 * scale
+        assert np.all(np.abs(got - exact) <= bound)
+        if want == np.float32:
+            assert np.all(np.abs(got - exact) <= 0.05 * (unit_roundoff(dtype) * np.abs(exact)
+                                                        + 4 * 48 * U32 * scale))
+    assert golden_dtype(np.zeros(2, np.float16), np.zeros(2, np.float32)) == np.float64
+    with pytest.raises(ValueError, match="float64, float32 or 'auto'"):
+        conv2d_maxpool(X, Wt, bias, dtype=np.float16)

@@ -1,0 +1,8 @@
+"""``python -m nkisim``: the ``nkisim`` command (run, info)."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""A student's assignment checkout, checked the ways the README tells them to.
+
+The layout is the course's (cs149-assignment §1, §2): ``part1/kernels.py`` with the four Part 1
+kernels and ``part2/conv2d.py`` with ``fused_conv2d_maxpool``. The correct kernels are the
+repo's own (kernels/), copied as a student's files; the buggy checkout is the same conv with
+the bias dropped, the bug a float32 ``np.allclose`` on the course's bias-free small case never
+sees and a bf16 check hides under one ulp per element.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BIAS_LINE = "    bias_sb[...] = nisa.tensor_copy(raw, dtype=nl.float32)\n"
+NO_BIAS = "    bias_sb[...] = nisa.memset((PMAX, n_co), value=0.0, dtype=nl.float32)\n"
+
+
+def _checkout(root: Path, drop_bias: bool) -> Path:
+    (root / "part1").mkdir(parents=True)
+    (root / "part2").mkdir()
+    part1 = (REPO / "kernels" / "vector_add.py").read_text() + "\n\n" + \
+        (REPO / "kernels" / "transpose.py").read_text()
+    (root / "part1" / "kernels.py").write_text(part1)
+    conv = (REPO / "kernels" / "conv2d.py").read_text()
+    assert conv.count(BIAS_LINE) == 1
+    if drop_bias:
+        conv = conv.replace(BIAS_LINE, NO_BIAS)
+    (root / "part2" / "conv2d.py").write_text(conv)
+    return root
+
+
+@pytest.fixture(scope="module")
+def checkouts(tmp_path_factory):
+    base = tmp_path_factory.mktemp("student")
+    return _checkout(base / "good", False), _checkout(base / "buggy", True)
+
+
+def _run(*args, cwd=None):
+    env = dict(os.environ, PYTHONPATH="")
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=cwd,
+                          env=env, timeout=900)
+
+
+# a few cases of every kernel, in every dtype (the whole --quick run takes minutes)
+CASES = "naive-n128,stream-n384,tiled-n1000,transpose-512x1024,conv2d-small-bias-pool2"
+
+
+def test_course_passes_the_correct_kernels(checkouts):
+    good, _ = checkouts
+    r = _run("-m", "nkiverify.cli", "course", str(good), "--quick", "--cases", CASES,
+             "-j", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = r.stdout
+    for kernel in ("naive", "tiled", "stream", "transpose", "conv2d"):
+        assert f"PASS  {kernel}" in out
+    # every case in every dtype: the small pooled conv ran in fp32, fp16 and bf16
+    for dtype in ("float32", "float16", "bfloat16"):
+        assert f"conv2d-small-bias-pool2  {dtype}" in out
+    # latency with the course's verdicts (the extra-credit size under --quick)
+    assert "latency estimates" in out and "B=1 256->256 32x16 k=3 bias pool=2 float16" in out
+    assert "(optimized 84 us, relaxed 84 us)" in out
+    assert "every case passed" in out
+
+
+def test_course_reports_the_missing_bias(checkouts):
+    _, buggy = checkouts
+    r = _run("-m", "nkiverify.cli", "course", str(buggy), "--quick", "--cases",
+             "conv2d-small-bias-pool2,naive-n128", "-j", "2")
+    assert r.returncode == 1, r.stdout + r.stderr
+    out = r.stdout
+    assert "PASS  naive" in out and "FAIL  conv2d" in out
+    assert "fix first:" in out
+    assert "systematic error" in out and "missing bias" in out
+    assert f"rerun: nki-verify run --kernel conv2d={buggy / 'part2' / 'conv2d.py'}" in out
+
+
+@pytest.mark.parametrize("which, code", [("good", 0), ("buggy", 1)])
+def test_pytest_nki_kernel_runs_the_students_conv(checkouts, which, code):
+    path = checkouts[0 if which == "good" else 1] / "part2" / "conv2d.py"
+    r = _run("-m", "pytest", "-m", "simulate", "-q", "-p", "no:cacheprovider",
+             "--nki-kernel", f"conv2d={path}:fused_conv2d_maxpool",
+             "tests/kernels/test_cases.py", "-k", "small-bias-pool2 and simulate",
+             cwd=REPO)
+    assert r.returncode == code, r.stdout[-3000:]
+    assert "3 passed" in r.stdout if code == 0 else "3 failed" in r.stdout
+    if code:
+        assert "missing bias" in r.stdout and str(path) in r.stdout
+
+
+def test_nki_kernel_without_a_name_finds_the_family(checkouts):
+    good, _ = checkouts
+    r = _run("-m", "nkiverify.cli", "run", "--kernel",
+             f"{good / 'part1' / 'kernels.py'}:vector_add_stream", "--cases", "stream-n384",
+             "--dtypes", "float16", "-j", "1")
+    assert r.returncode == 0, r.stderr
+    assert "stream-n384  float16" in r.stdout
