@@ -8,6 +8,7 @@ real storage at those addresses, so overlapping placements alias as they do on t
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 from .errors import nki_error
@@ -82,7 +83,11 @@ class FuncAlloc(DirectAlloc):
         self.func = func
 
     def place(self, idx, pdim_size, fdim_size, arch):
-        res = self.func(tuple(int(i) for i in idx), int(pdim_size), int(fdim_size))
+        # by keyword: nki-samples fc5c69f reference/allocated_attention.py passes
+        # functools.partial(psum_addr, bank_map=...) with psum_addr(bank_map, idx, pdim_size,
+        # fdim_size), which only a keyword call binds
+        res = self.func(idx=tuple(int(i) for i in idx), pdim_size=int(pdim_size),
+                        fdim_size=int(fdim_size))
         try:
             res = tuple(int(r) for r in res)
         except TypeError:
@@ -99,16 +104,36 @@ class FuncAlloc(DirectAlloc):
         return part, bank * arch.psum_bank_bytes + addr
 
 
+def _modulo(base, allocate_shape, scale, indices):
+    """The docs' ``modulo_allocate_func(base, allocate_shape, scale)(indices)``: the block index
+    taken modulo ``allocate_shape`` (default all ones), linearized, times ``scale``, plus
+    ``base``."""
+    shape = tuple(int(s) for s in allocate_shape) or (1,) * len(indices)
+    mod = tuple(int(i) % s for i, s in zip(indices, shape))
+    lin = sum(i * math.prod(shape[d + 1:]) for d, i in enumerate(mod))
+    return lin * int(scale) + int(base)
+
+
 def _allocator(kind):
     base = _sbuf if kind == "sbuf" else _psum
 
     def mod_alloc(*, base_addr=0, base_partition=0, num_par_tiles=(), num_free_tiles=(),
                   base_bank=0, num_bank_tiles=(), **kwargs):
-        # PSUM: `base_bank` selects the 2 KiB bank the tiles start in (psum.mod_alloc docs;
-        # AWS nki/test/test_sbuf_modulo_alloc.py uses ncc.psum.mod_alloc(base_bank=0))
-        if kind == "psum" and int(base_bank):
-            from .arch import get_arch
-            base_addr = int(base_addr) + int(base_bank) * get_arch().psum_bank_bytes
+        if kind == "psum":
+            # psum.mod_alloc is alloc() with the docs' psum_modulo_alloc_func (aws-neuron-sdk
+            # nki/api/nki/compiler/psum.py; the function is spelled out in
+            # nki/test/test_psum_modulo_alloc.py): block idx -> (bank, partition, address),
+            # each the modulo of the block index over its tile counts
+            for v in (base_addr, base_partition, base_bank):
+                if int(v) < 0:
+                    raise nki_error("nkisim_invalid_argument", api="ncc.psum.mod_alloc",
+                                    why="base_bank, base_partition and base_addr must be >= 0")
+
+            def psum_modulo_alloc_func(idx, pdim_size, fdim_size):
+                return (_modulo(base_bank, num_bank_tiles, 1, idx),
+                        _modulo(base_partition, num_par_tiles, pdim_size, idx),
+                        _modulo(base_addr, num_free_tiles, fdim_size, idx))
+            return FuncAlloc("psum", psum_modulo_alloc_func)
         return DirectAlloc(kind, base_addr, base_partition, num_par_tiles, num_free_tiles)
 
     def alloc(func):

@@ -179,3 +179,85 @@ def test_returning_an_sbuf_tile_warns_and_returns_its_values():
     with pytest.warns(Warning, match="NKI kernels return HBM tensors"):
         out = k(a)
     np.testing.assert_array_equal(out, a)
+
+
+# ---------------------------------------------------------------------------------------------
+# direct allocation with a placement function (aws-neuron-sdk nki/api/nki/compiler/sbuf.py and
+# psum.py `alloc`; nki-samples reference/allocated_attention.py)
+
+
+def test_sbuf_alloc_function_places_each_block():
+    from nkisim import compiler as ncc
+    calls = []
+
+    def place(idx, pdim_size, fdim_size):
+        calls.append((idx, pdim_size, fdim_size))
+        return 0, 512 * idx[0]            # block i at byte 512 * i
+
+    @nki.jit
+    def k(a):
+        t = nl.ndarray((3, nl.par_dim(128), 64), dtype=nl.float32, buffer=ncc.sbuf.alloc(place))
+        for i in nl.affine_range(3):
+            t[i] = nl.add(nl.load(a), float(i))
+        out = nl.ndarray((3, 128, 64), nl.float32, buffer=nl.shared_hbm)
+        for i in nl.affine_range(3):
+            nl.store(out[i], t[i])
+        return out
+
+    a = rand((128, 64))
+    out = k(a)
+    np.testing.assert_array_equal(out, np.stack([a, a + 1, a + 2]))
+    # called with the block index, the partitions and the bytes per partition of one tile
+    assert sorted(calls) == [((0,), 128, 256), ((1,), 128, 256), ((2,), 128, 256)]
+
+
+def test_psum_alloc_function_is_called_by_keyword():
+    import functools
+
+    from nkisim import compiler as ncc
+
+    def psum_addr(bank_map, idx, pdim_size, fdim_size):
+        return bank_map[idx], 0, 0
+
+    @nki.jit
+    def k(a, e):
+        x = nl.load(a)
+        eye = nl.load(e)
+        ps = nl.ndarray((2, nl.par_dim(64), 64), dtype=nl.float32,
+                        buffer=ncc.psum.alloc(functools.partial(psum_addr,
+                                                                bank_map={(0,): 1, (1,): 5})))
+        for i in nl.affine_range(2):
+            ps[i] = nisa.nc_matmul(x, eye)
+        out = nl.ndarray((2, 64, 64), nl.float32, buffer=nl.shared_hbm)
+        for i in nl.affine_range(2):
+            nl.store(out[i], nl.copy(ps[i]))
+        return out
+
+    from nkisim import isa as nisa
+    a = rand((64, 64))
+    np.testing.assert_array_equal(k(a, np.eye(64, dtype=np.float32)), np.stack([a.T, a.T]))
+
+
+def test_psum_mod_alloc_num_bank_tiles_gives_each_block_its_bank():
+    from nkisim import compiler as ncc
+    from nkisim import isa as nisa
+
+    @nki.jit
+    def k(a, e):
+        x = nl.load(a)
+        eye = nl.load(e)
+        ps = nl.ndarray((2, 4, nl.par_dim(64), 64), dtype=nl.float32,
+                        buffer=ncc.psum.mod_alloc(base_bank=0, num_bank_tiles=(2, 4)))
+        for i in nl.affine_range(2):
+            for j in nl.affine_range(4):
+                ps[i, j] = nisa.nc_matmul(nl.add(x, float(4 * i + j)), eye)
+        out = nl.ndarray((8, 64, 64), nl.float32, buffer=nl.shared_hbm)
+        for i in nl.affine_range(2):
+            for j in nl.affine_range(4):
+                nl.store(out[4 * i + j], nl.copy(ps[i, j]))
+        return out
+
+    a = rand((64, 64))
+    # eight blocks in eight banks: none overwrites another
+    np.testing.assert_array_equal(k(a, np.eye(64, dtype=np.float32)),
+                                  np.stack([a.T + n for n in range(8)]))
