@@ -311,8 +311,9 @@ def main(argv=None) -> int:
             continue
         if not path or not os.path.isfile(os.path.join(path, "part2", "conv2d.py")):
             skipped.append(sol)
-            print(f"{sol:6} conv2d rows skipped: pass --{sol}-solution DIR, a checkout of "
-                  f"{'xaviergonzalez/asst4-trainium2' if sol == 'trn2' else 'robertpare17/asst4-trainium'}"
+            repo = ("xaviergonzalez/asst4-trainium2" if sol == "trn2"
+                    else "robertpare17/asst4-trainium")
+            print(f"{sol:6} conv2d rows skipped: pass --{sol}-solution DIR, a checkout of {repo}"
                   f" (git clone it outside this repository)", flush=True)
             continue
         kernel = _load_solution(path)

@@ -27,6 +27,7 @@ The last line gives the ``nc_matmul`` figures, the instruction the large kernels
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import time
 
@@ -144,7 +145,8 @@ def main() -> None:
     a = rng.random((P, M), dtype=np.float32)
     b = rng.random((P, N), dtype=np.float32)
     kernels, loops = _kernels(n), _numpy_loops(n)
-    operands = {"nc_matmul": (a, b), "tensor_tensor": (b, b + 1), "tensor_tensor (dst=)": (b, b + 1),
+    operands = {"nc_matmul": (a, b), "tensor_tensor": (b, b + 1),
+                "tensor_tensor (dst=)": (b, b + 1),
                 "dma_copy (fixed)": (b,), "dma_copy (fresh)": (b,)}
 
     # correctness first: the kernels compute what the NumPy loops compute
@@ -161,7 +163,8 @@ def main() -> None:
                 if variant == "numpy":
                     t = _cpu(loops[name], *operands[name])
                 else:
-                    t = _cpu(lambda: simulate(kernel, operands[name], {}, checks_spec=variant))
+                    t = _cpu(functools.partial(simulate, kernel, operands[name], {},
+                                               checks_spec=variant))
                 best[name, variant] = min(best[name, variant], t)
 
     us = 1e6 / n

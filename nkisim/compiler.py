@@ -17,6 +17,9 @@ from .tensor import DirectAlloc
 from .tensor import psum as _psum
 from .tensor import sbuf as _sbuf
 
+# what an allocation function returns, by the number of ints (ncc.sbuf.alloc: 2, psum: 3)
+_ALLOC_RESULT = {2: "start_partition, byte_addr", 3: "bank, start_partition, byte_addr"}
+
 
 def _decorator(name, func, **flags):
     def apply(f):
@@ -96,7 +99,7 @@ class FuncAlloc(DirectAlloc):
         if len(res) != want:
             raise nki_error("nkisim_invalid_argument", api=f"ncc.{self.kind}.alloc",
                             why=f"the allocation function must return {want} ints "
-                                f"({'start_partition, byte_addr' if want == 2 else 'bank, start_partition, byte_addr'}), "
+                                f"({_ALLOC_RESULT[want]}), "
                                 f"got {res!r}")
         if self.kind == "sbuf":
             return res

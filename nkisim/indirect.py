@@ -26,7 +26,7 @@ from .errors import nki_error
 from .indexing import IndexExpr
 
 # view -> the index tiles it was made with
-INDEX_TILES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+INDEX_TILES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def has_tensor_index(key) -> bool:

@@ -1168,8 +1168,8 @@ def atomic_rmw(dst, value, op, *, mask=None, **kwargs):
     """``nl.atomic_rmw(dst, value, op)``: ``dst = op(dst, value)`` on HBM, atomically ("only
     supports np.add currently"; aws-neuron-sdk nki/test/test_nki_nl_atomic_rmw.py indexes ``dst``
     with an SBUF index tile). Indices that repeat accumulate every contribution (atomic)."""
-    from .isa import _alu_name
     from .indirect import accumulate_at
+    from .isa import _alu_name
     run = context.current()
     api = "atomic_rmw"
     if not isinstance(dst, Tensor) or dst.root.buffer != "hbm":

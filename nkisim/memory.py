@@ -31,7 +31,6 @@ import weakref
 from .context import where
 from .errors import nki_error, shape_str
 
-
 _MALLOC_TUNED = []
 
 

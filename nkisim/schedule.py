@@ -7,8 +7,9 @@ instruction is ready (the compiler's list schedule). An instruction starts when 
 free and every instruction it depends on is done (plus the dependent-instruction latency,
 ``nkisim.cost``). Copies the kernel leaves to the compiler go to VectorE or ScalarE, whichever
 finishes first; tile values are renamed into other buffers as the compiler would
-(:class:`_Renamer`; both in the module docstring of ``nkisim.cost``). A DMA becomes ready when its dependencies are done. On the
-hardware-DGE path (trn2's default) the DMA-issuing sequencer then executes it, one DMA at a time.
+(:class:`_Renamer`; both in the module docstring of ``nkisim.cost``). A DMA becomes ready when
+its dependencies are done. On the hardware-DGE path (trn2's default) the DMA-issuing sequencer
+then executes it, one DMA at a time.
 On the descriptor path (trn1, ``--disable-dge``) the fixed DMA latency elapses instead. The DMA
 then shares the 16 queues' bandwidth with the other transfers in flight. Both the sequencer and
 the queues serve DMAs in the order they become ready (:class:`_DmaPool`).

@@ -12,11 +12,11 @@ from nkisim.cost import (
     descriptor_overhead_bytes,
     dma_efficiency,
     dma_plan,
-    stream_cycles,
     instr_cost_ns,
     load_stationary_cycles,
     matmul_cycles,
     params_for,
+    stream_cycles,
     table_efficiency,
 )
 from nkisim.trace import DMA, GPSIMD, SCALAR, TENSOR, VECTOR, Instr, Region
@@ -440,6 +440,7 @@ def test_an_mgrid_indexed_dma_is_costed_by_its_contiguous_runs():
     # descriptor per element
     import neuronxcc.nki as nki
     import neuronxcc.nki.language as nl
+
     from nkisim.runtime import last_run
 
     @nki.jit

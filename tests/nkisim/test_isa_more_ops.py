@@ -433,7 +433,7 @@ def test_sequence_bounds():
     out = k(seg)
     n = seg.shape[1]
     starts, ends = [], []
-    for i, v in enumerate(seg[0]):
+    for v in seg[0]:
         if v == 0:
             starts.append(n)
             ends.append(-1)

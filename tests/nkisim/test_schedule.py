@@ -674,7 +674,7 @@ def test_a_new_accumulation_group_gets_another_psum_buffer():
     ps = sb("ps", buffer="psum")
     instrs = []
     for g in range(2):
-        for j in range(3):
+        for _ in range(3):
             instrs.append(mm(sb("W"), sb("X"), ps, accumulate=True))
         instrs.append(vec([ps], [sb(("o", g))], n=4000))
     renamed = _sched(instrs, P2_DESC)

@@ -4,10 +4,9 @@ performance test benchmarks whatever callable it has with ``nki.benchmark``."""
 
 import argparse
 
+import neuronxcc.nki as nki
 import numpy as np
 from tiny_kernel import tiny_matmul
-
-import neuronxcc.nki as nki
 
 
 def simulate_kernel_wrapper(kernel):

@@ -5,10 +5,9 @@ and ``save_trace_name=NAME + ".ntff"``, then moves file.neff to NAME.neff with `
 import argparse
 import subprocess
 
+import neuronxcc.nki as nki
 import numpy as np
 from tiny_kernel import tiny_matmul
-
-import neuronxcc.nki as nki
 
 
 def main():
