@@ -152,16 +152,7 @@ class Run:
         ``key`` is a tuple whose first item names the pattern (``"psum_dtype"``, ``"flow"``...);
         the rest is ignored for deduplication: a loop body warns once, not once per iteration.
         """
-        if "warnings" not in self.checks:
-            return
-        file, line = caller_location()
-        site = (key[0] if isinstance(key, tuple) else key, file, line)
-        if site in self.warned:
-            return
-        self.warned.add(site)
-        import warnings
-        warnings.warn_explicit(errors.SUSPICIOUS_PREFIX + message, errors.NKIWarning,
-                               file or "<kernel>", line or 0)
+        self._warn_once(key, errors.SUSPICIOUS_PREFIX + message, errors.NKIWarning)
 
     def rule(self, key, what: str, rule: str, link: str) -> None:
         """A documented NKI rule the device is known to tolerate: an ``NKIRuleWarning`` quoting
@@ -169,6 +160,10 @@ class Run:
         (``NKISIM_STRICT=1``), the error ``nkisim_strict_rule``."""
         if self.strict:
             raise errors.nki_error("nkisim_strict_rule", what=what, rule=rule, link=link)
+        self._warn_once(key, errors.rule_text(what, rule, link), errors.NKIRuleWarning)
+
+    def _warn_once(self, key, text: str, category) -> None:
+        """Warn at the kernel's source line, once per pattern (``key``'s first item) and line."""
         if "warnings" not in self.checks:
             return
         file, line = caller_location()
@@ -177,8 +172,7 @@ class Run:
             return
         self.warned.add(site)
         import warnings
-        warnings.warn_explicit(errors.rule_text(what, rule, link), errors.NKIRuleWarning,
-                               file or "<kernel>", line or 0)
+        warnings.warn_explicit(text, category, file or "<kernel>", line or 0)
 
 
 _current: list = []          # stack of active Runs (a kernel may simulate another: rare)
