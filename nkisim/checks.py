@@ -42,8 +42,10 @@ They read the per-element shadow of every tensor: the epoch of its last write (`
 - **scope** (``err_local_variable_used_out_of_scope``): a tile allocated in a loop body used after
   that iteration ended (outside the loop, or by the next iteration through a Python variable, as
   in ``acc = nl.add(acc, x)``; the real front end traces the body once, ref §1.9).
-- **outputs** (``err_tensor_output_not_written_to``): every returned HBM tensor must be fully
-  written when the kernel returns (the handout's FREE_DIM=1000 at n=25600 runs zero iterations).
+- **outputs** (``err_tensor_output_not_written_to``): a returned HBM tensor no element of which
+  was written when the kernel returns (the handout's FREE_DIM=1000 at n=25600 runs zero
+  iterations) is the error; a partly written one is a suspicious-pattern warning (AWS's
+  indirect-store doc examples return partly written outputs).
 """
 
 from __future__ import annotations
@@ -373,7 +375,20 @@ def check_outputs(run, outputs) -> None:
                 shape += f" (returned as {shape_str(t.shape)})"
         else:
             region, shape = region_str(unwritten), shape_str(t.shape)
-        desc = f"{n} of {w.size} elements" if n < w.size else f"all {n} elements"
+        if n < w.size:
+            # Partly written: a warning, not the error. The documented error is for an output
+            # "never written to" (a dead loop; nki.errors.rst err_tensor_output_not_written_to),
+            # and AWS's CI-tested doc examples `example_indirect_save_1/2`
+            # (aws-neuron-sdk nki/test/test_nki_nl_load_store_indirect.py) return a [128, 512]
+            # output whose rows 0, 2, ..., 126 only are written by an indirect store, the
+            # test reading back just those rows. The unwritten elements keep nkisim's poison
+            # (NaN for floats), so a result compared whole still fails.
+            run.warn(("output_partly_written",),
+                     f"output tensor `{t.name}` is only partly written: {n} of {w.size} "
+                     f"elements (region {region}) of shape {shape} hold no value written by the "
+                     f"kernel (garbage on device); read back only the written part")
+            continue
+        desc = f"all {n} elements"
         raise nki_error("err_tensor_output_not_written_to", name=t.name,
                         region=f"{desc} (region {region})", shape=shape)
 
