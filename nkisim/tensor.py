@@ -715,6 +715,27 @@ _CROSS_PARTITION = frozenset({"nc_matmul", "nc_transpose", "broadcast_to", "load
                               "matmul", "transpose"})
 
 
+class ElementTaint:
+    """The exact result elements computed from never-written values (``run.taint``'s first
+    item for instructions that know them, e.g. ``nc_matmul``), instead of result partitions."""
+
+    __slots__ = ("bad",)
+
+    def __init__(self, bad):
+        self.bad = bad
+
+
+def elementwise_taint(run, src: Tensor) -> None:
+    """The current instruction computes its result element by element from ``src`` alone (a
+    copy): exactly the result elements whose ``src`` element holds a never-written value are
+    never-written (AWS's reference/allocated_fused_linear.py copies a PSUM tile whose last
+    columns are garbage to SBUF, then stores only the valid columns with a mask)."""
+    if run.taint is None or src._w is None:
+        return
+    bad = checks.shadow_view(src) == 0
+    run.taint = (ElementTaint(np.ascontiguousarray(bad)), run.taint[1])
+
+
 def _taint(run, view, exc) -> None:
     """Note that the current instruction read never-written elements of ``view``."""
     w = checks.shadow_view(view)
@@ -724,7 +745,8 @@ def _taint(run, view, exc) -> None:
     prev = run.taint
     if prev is not None:
         prows, porigin = prev
-        rows = (rows | prows) if prows is not None and prows.shape == rows.shape else None
+        rows = (rows | prows) if isinstance(prows, np.ndarray) and \
+            prows.shape == rows.shape else None
         origin = porigin
     run.taint = (rows, origin)
 
@@ -740,7 +762,10 @@ def _apply_taint(run, t: Tensor, api: str, mask) -> None:
         return
     shape = t.shape
     bad = np.ones(shape, bool)
-    if rows is not None and api not in _CROSS_PARTITION and shape and rows.size == shape[0]:
+    if isinstance(rows, ElementTaint):
+        if rows.bad.shape == tuple(shape):
+            bad = rows.bad
+    elif rows is not None and api not in _CROSS_PARTITION and shape and rows.size == shape[0]:
         bad = np.broadcast_to(rows.reshape((-1,) + (1,) * (len(shape) - 1)), shape)
     if mask is not None:
         bad = bad & np.broadcast_to(mask, shape)
@@ -763,7 +788,11 @@ def inherit_taint(dst: Tensor, src: Tensor) -> None:
     w = checks.shadow_view(src)
     if w.size and int(w.min()) == 0 and getattr(src.root, "taint", None) is not None:
         run = context.current()
-        run.taint = (None, src.root.taint)
+        try:        # exactly the elements of src that hold never-written values
+            rows = ElementTaint(np.ascontiguousarray(fit(w == 0, dst.shape, src.shape)))
+        except Exception:          # noqa: BLE001 - shapes do not line up: the whole of dst
+            rows = None
+        run.taint = (rows, src.root.taint)
         try:
             _apply_taint(run, dst, "", None)
         finally:

@@ -908,3 +908,37 @@ def test_writing_an_input_with_the_inputs_check_off_updates_the_array():
     b = a.copy()
     run(_trips_inputs, a, checks="-inputs")
     assert np.array_equal(a, b)                  # the same values were written back
+
+
+# ---------------------------------------------------------------------------------------------
+# never-written columns through a matmul and a copy (AWS reference/allocated_fused_linear.py,
+# nki-samples fc5c69f, run by its CI at head_dim 384: weights loaded into a [128, 512] buffer
+# with a column mask, the whole buffer multiplied, the PSUM result copied to SBUF, and only the
+# valid columns stored with the same mask)
+
+
+def _masked_weights_matmul(store_all):
+    def body(x, w):
+        out = nl.ndarray((128, 512 if store_all else 384), dtype=nl.float32,
+                         buffer=nl.shared_hbm)
+        g = nl.mgrid[0:128, 0:512]
+        wbuf = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.sbuf)
+        wbuf[g.p, g.x] = nl.load(w[g.p, g.x], mask=(g.x < 384))
+        ps = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+        ps += nisa.nc_matmul(nl.load(x), wbuf)
+        res = nl.copy(ps, dtype=nl.float32)
+        nl.store(out[g.p, g.x], res, mask=None if store_all else (g.x < 384))
+        return out
+    return body
+
+
+def test_never_written_columns_through_matmul_and_copy_stay_in_their_columns():
+    x, w = rand(128, 128), rand(128, 512)
+    out, _ = run(_masked_weights_matmul(False), x, w)
+    np.testing.assert_allclose(out, x.T.astype(np.float64) @ w[:, :384], rtol=1e-5)
+
+
+def test_storing_the_never_written_columns_is_still_an_error():
+    msg = raises("nkisim_uninitialized_read", _masked_weights_matmul(True),
+                 rand(128, 128), rand(128, 512))
+    assert "`wbuf[0:128, 384:512]`" in msg, msg
