@@ -298,7 +298,7 @@ def check_read(run, t, api: str, accumulate: bool = False, uninit: bool = True) 
                     where=where(file, line))
 
 
-def check_write(run, t, api: str, accumulate: bool) -> bool:
+def check_write(run, t, api: str, accumulate: bool, same_values=None) -> bool:
     """Before an instruction writes view ``t``: output dependencies between iterations of a
     parallel loop, writes to out-of-scope tiles. Returns True when the write must *not* restamp
     the shadow (an accumulation onto a group started by an earlier iteration, see module doc).
@@ -319,6 +319,21 @@ def check_write(run, t, api: str, accumulate: bool) -> bool:
                 if covers:
                     root.full = True
                 return True                     # keep the group's first epoch (module doc)
+            lp, e = hit
+            file, line = caller_location()
+            if lp.kind == "spmd" and same_values is not None and same_values():
+                # Program instances writing the very bytes another instance wrote: the result
+                # does not depend on their order, so no garbage; a warning. AWS's CI-tested
+                # test_resize_nearest.py launches resize_nearest_fixed_dma_kernel on a grid of
+                # in_b instances while the kernel loops over every batch itself (nki-samples
+                # fc5c69f, reference/vision.py).
+                run.warn(("spmd_same_values",),
+                         f"program instances write the same values to `{t.name}`: "
+                         f"{_iter_str(lp, lp.iteration)} ('{api}' at {where(file, line)}) "
+                         f"rewrites what {_iter_str(lp, _iteration_of(run, e, lp))} wrote "
+                         "(redundant work: offset the destination by nl.program_id)")
+                hit = None
+        if hit is not None:
             lp, e = hit
             file, line = caller_location()
             raise nki_error(

@@ -865,6 +865,24 @@ def _copy(dst: np.ndarray, vals) -> None:
         dst[...] = vals
 
 
+def _same_values(t: Tensor, vals, mask, add) -> bool:
+    """Would writing ``vals`` (under ``mask``) leave the view's stored bytes as they are?"""
+    if add is not None or vals is None or t._slots is not None:
+        return False
+    try:
+        cur = values(t)
+        dt = t.dtype
+        new = dtypes.cast(vals, dt) if dt == dtypes.TF32 or \
+            (dt.kind in "iub" and np.asarray(vals).dtype.kind == "f") else np.asarray(vals)
+        new = np.broadcast_to(new.astype(cur.dtype, copy=False), cur.shape)
+    except (ValueError, TypeError):
+        return False
+    eq = (new == cur) | ((new != new) & (cur != cur))
+    if mask is not None:
+        eq = eq | ~np.broadcast_to(mask, cur.shape)
+    return bool(eq.all())
+
+
 def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
           add=None) -> None:
     """Write engine results into a view, rounding to its dtype; stamp the shadow.
@@ -887,7 +905,8 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
     if t._w is not None:
         keep = checks.check_write(run, t if mask is None else _masked_shadow_view(t, t._mask,
                                                                                  run),
-                                  api, accumulate)
+                                  api, accumulate,
+                                  same_values=lambda: _same_values(t, vals, mask, add))
     dt = t.dtype
     if dt == dtypes.TF32 or (dt.kind in "iub" and np.asarray(vals).dtype.kind == "f"):
         vals = dtypes.cast(vals, dt)

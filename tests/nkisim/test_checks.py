@@ -942,3 +942,36 @@ def test_storing_the_never_written_columns_is_still_an_error():
     msg = raises("nkisim_uninitialized_read", _masked_weights_matmul(True),
                  rand(128, 128), rand(128, 512))
     assert "`wbuf[0:128, 384:512]`" in msg, msg
+
+
+# ---------------------------------------------------------------------------------------------
+# SPMD instances rewriting identical values (AWS test_resize_nearest.py, nki-samples fc5c69f:
+# resize_nearest_fixed_dma_kernel launched on a grid of in_b instances loops over every batch)
+
+
+def _every_instance_writes_everything(shift):
+    @nki.jit
+    def kernel(a):
+        out = nl.ndarray((2, 128, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+        for b in nl.affine_range(2):
+            t = nl.load(a[b])
+            nl.store(out[b], nl.add(t, shift * nl.program_id(0)))
+        return out
+    return kernel
+
+
+def test_spmd_instances_writing_the_same_values_is_a_warning():
+    a = rand(2, 128, 8)
+    with warnings.catch_warnings(record=True) as ws:
+        warnings.simplefilter("always", NKIWarning)
+        out = simulate(_every_instance_writes_everything(0.0)[2], (a,), {}, checks_spec="all")
+    np.testing.assert_array_equal(out, a)
+    msgs = [str(w.message) for w in ws if issubclass(w.category, NKIWarning)]
+    assert any("program instances write the same values to `out`" in m for m in msgs), msgs
+
+
+def test_spmd_instances_writing_different_values_is_still_an_error():
+    with pytest.raises(Exception) as info:
+        simulate(_every_instance_writes_everything(1.0)[2], (rand(2, 128, 8),), {},
+                 checks_spec="all")
+    assert info.value.nki_code == "err_unexpected_output_dependencies", str(info.value)
