@@ -281,6 +281,25 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
     return t
 
 
+def _traced_base(run, buf, file, line) -> tuple:
+    """The (partition, byte address) a direct allocation gets, as the real front end sees it.
+
+    The front end traces a loop body once (ref §1.9), so an allocation site inside
+    ``affine_range``/``sequential_range`` loops is placed once per activation of the outermost
+    such loop, with the address the kernel's Python computed the first time. nkisim runs every
+    iteration, and a kernel that bumps an address counter in the loop body (AWS's
+    reference/allocated_attention.py: ``cur_addr += seqlen * ...`` after each ``mod_alloc`` in
+    its ``affine_range`` over query tiles, CI-tested at seqlen 4096 on device) would otherwise
+    walk out of the SBUF: later iterations reuse the first iteration's placement. Static loops
+    are unrolled by the front end, so their iterations are told apart."""
+    traced = [lp for lp in run.loops if lp.kind != "static"]
+    if not traced:
+        return buf.base_partition, buf.base_addr
+    key = (file, line, traced[0].id,
+           tuple((lp.id, lp.iteration) for lp in run.loops if lp.kind == "static"))
+    return run.direct_sites.setdefault(key, (buf.base_partition, buf.base_addr))
+
+
 def _allocate_direct(run, buf: DirectAlloc, name, dt, shape, paxis, file, line):
     """Direct allocation: views of the whole SBUF/PSUM byte array (real aliasing)."""
     run.allocated_kernel = True
@@ -306,7 +325,8 @@ def _allocate_direct(run, buf: DirectAlloc, name, dt, shape, paxis, file, line):
         spots = [place(idx, P, tile_bytes, run.arch) for idx in np.ndindex(*nft)] \
             if blocks else [place((), P, tile_bytes, run.arch)]
     else:
-        spots = [(buf.base_partition, buf.base_addr + j * tile_bytes) for j in range(nslots)]
+        base_p, base = _traced_base(run, buf, file, line)
+        spots = [(base_p, base + j * tile_bytes) for j in range(nslots)]
     for p0, lo in spots:
         if lo < 0 or lo + tile_bytes > total or p0 < 0 or p0 + P > run.arch.pmax:
             raise nki_error("nkisim_invalid_argument", api=f"ncc.{kind}.mod_alloc",
