@@ -859,6 +859,12 @@ def _needed(mask: np.ndarray, shape: tuple):
     try:
         full = np.broadcast_shapes(ext, mask.shape)
     except ValueError:
+        # an operand of another free shape (nc_match_replace8's `vals` [P, 8] under a mask of
+        # `data` [P, F], AWS's doc example nki_nc_match_replace_indices8_mask): the engines are
+        # partition-parallel, so the mask's partitions are the operand's partitions
+        if shape and mask.ndim and mask.shape[0] == shape[0]:
+            rows = mask.reshape(shape[0], -1).any(axis=1)
+            return np.broadcast_to(rows.reshape((-1,) + (1,) * (len(shape) - 1)), shape)
         return None
     m = np.broadcast_to(mask, full)
     axes = tuple(i for i, (s, f) in enumerate(zip(ext, full)) if s == 1 and f != 1)
