@@ -96,6 +96,7 @@ class Run:
     sbuf_bytes: object = None                         # np.ndarray (P, bytes) for direct alloc
     psum_bytes: object = None
     allocated_kernel: bool = False                    # uses direct allocation
+    direct_sites: dict = field(default_factory=dict)  # traced placements (tensor._traced_base)
     warned: set = field(default_factory=set)
     last_fresh: object = None                         # result tile of the latest instruction
     device_prints: list = field(default_factory=list)

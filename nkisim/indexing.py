@@ -85,17 +85,28 @@ class MaskExpr:
     def __init__(self, v):
         self.v = np.asarray(v, dtype=bool)
 
+    # A Python bool operand is a predicate over the enclosing loop indices that nkisim, whose
+    # loop indices are concrete integers, has already evaluated: AWS's
+    # reference/allocated_fused_linear.py (nki-samples fc5c69f, CI-tested) stores with
+    # `mask=(i_res.x < head_dim) & ((2*i + grp) * pmax < seqlen)`, `i` an affine_range index.
+    # It is constant over the instruction's elements, so it combines as an all-True/False mask.
+    @staticmethod
+    def _operand(o):
+        if isinstance(o, MaskExpr):
+            return o.v
+        if isinstance(o, (bool, np.bool_)):
+            return bool(o)
+        raise nki_error("err_unsupported_expression_in_mask")
+
     def __and__(self, o):
-        if not isinstance(o, MaskExpr):
-            raise nki_error("err_unsupported_expression_in_mask")
-        return MaskExpr(self.v & o.v)
+        return MaskExpr(self.v & MaskExpr._operand(o))
 
     __rand__ = __and__
 
     def __or__(self, o):
-        if not isinstance(o, MaskExpr):
-            raise nki_error("err_unsupported_expression_in_mask")
-        return MaskExpr(self.v | o.v)
+        return MaskExpr(self.v | MaskExpr._operand(o))
+
+    __ror__ = __or__
 
     def __invert__(self):
         return MaskExpr(~self.v)

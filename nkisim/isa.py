@@ -599,12 +599,36 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     a = _tile_vals(st, api, run).reshape(K, M)
     b = _tile_vals(mv, api, run).reshape(K, N)
     out = (a.T @ b).reshape((M,) + ms[1:])
+    if run.taint is not None:
+        _matmul_taint(run, st, mv, K, M, N, (M,) + ms[1:])
     fp32 = st.dtype.itemsize == 4 or mv.dtype.itemsize == 4
     detail = {"K": K, "M": M, "N": N, "accumulate": False, "transpose": bool(is_transpose),
               "fp32": fp32, "flops": 0 if is_transpose else 2 * K * M * N,
               "dtype_in": dtypes.name(st.dtype)}
     return result_tile(run, (M,) + ms[1:], np.float32, out, api, TENSOR, (st, mv), detail,
                        buffer=nl.psum, mask=_mask(mask, (M,) + ms[1:]), fresh=True)
+
+
+def _matmul_taint(run, st, mv, K, M, N, shape) -> None:
+    """Which result elements come from never-written operand values: ``out[m, n]`` sums
+    ``stationary[k, m] * moving[k, n]`` over k, so a never-written stationary column m spoils
+    result partition m and a never-written moving column n spoils result column n, nothing
+    else. AWS's reference/allocated_fused_linear.py (nki-samples fc5c69f, CI-tested, head_dim
+    384) loads weights into a [128, 512] buffer with a column mask, multiplies the whole buffer
+    and stores only the written columns with the same mask."""
+    from . import checks
+    from .tensor import ElementTaint
+    try:
+        ws = checks.shadow_view(st)
+        wm = checks.shadow_view(mv)
+    except Exception:          # noqa: BLE001 - no shadow: keep the whole-result taint
+        return
+    if ws is None or wm is None or ws.size != K * M or wm.size != K * N:
+        return
+    rows = (ws.reshape(K, M) == 0).any(axis=0)
+    cols = (wm.reshape(K, N) == 0).any(axis=0)
+    rows_taint, origin = run.taint
+    run.taint = (ElementTaint((rows[:, None] | cols[None, :]).reshape(shape)), origin)
 
 
 def _double_row(run, st, mv, mode, mask):

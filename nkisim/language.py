@@ -545,6 +545,9 @@ def copy(src, *, mask=None, dtype=None, **kwargs):
     run = context.current()
     x = _tile(src, "copy", "src")
     vals = read(x, "copy", run)
+    if run.taint is not None:
+        from .tensor import elementwise_taint
+        elementwise_taint(run, x)
     d = _detail(x)
     d["auto_engine"] = True            # the compiler picks the engine (nkisim.cost)
     return result_tile(run, x.shape, dtype or x.dtype, vals, "tensor_copy", VECTOR, (x,),

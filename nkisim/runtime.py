@@ -38,7 +38,9 @@ class Kernel:
         if mode not in _JIT_MODES:
             raise nki_error("nkisim_invalid_argument", api="nki.jit",
                             why=f"mode must be one of {', '.join(_JIT_MODES)}, got {mode!r}")
-        self.func = func
+        # `and`/`or` in mask= arguments, as the real front end reads them (nkisim.frontend)
+        from .frontend import rewrite_mask_boolops
+        self.func = func = rewrite_mask_boolops(func)
         self.mode = mode
         self.options = dict(options)
         self.grid = ()

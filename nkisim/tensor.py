@@ -281,6 +281,25 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
     return t
 
 
+def _traced_base(run, buf, file, line) -> tuple:
+    """The (partition, byte address) a direct allocation gets, as the real front end sees it.
+
+    The front end traces a loop body once (ref §1.9), so an allocation site inside
+    ``affine_range``/``sequential_range`` loops is placed once per activation of the outermost
+    such loop, with the address the kernel's Python computed the first time. nkisim runs every
+    iteration, and a kernel that bumps an address counter in the loop body (AWS's
+    reference/allocated_attention.py: ``cur_addr += seqlen * ...`` after each ``mod_alloc`` in
+    its ``affine_range`` over query tiles, CI-tested at seqlen 4096 on device) would otherwise
+    walk out of the SBUF: later iterations reuse the first iteration's placement. Static loops
+    are unrolled by the front end, so their iterations are told apart."""
+    traced = [lp for lp in run.loops if lp.kind != "static"]
+    if not traced:
+        return buf.base_partition, buf.base_addr
+    key = (file, line, traced[0].id,
+           tuple((lp.id, lp.iteration) for lp in run.loops if lp.kind == "static"))
+    return run.direct_sites.setdefault(key, (buf.base_partition, buf.base_addr))
+
+
 def _allocate_direct(run, buf: DirectAlloc, name, dt, shape, paxis, file, line):
     """Direct allocation: views of the whole SBUF/PSUM byte array (real aliasing)."""
     run.allocated_kernel = True
@@ -306,7 +325,8 @@ def _allocate_direct(run, buf: DirectAlloc, name, dt, shape, paxis, file, line):
         spots = [place(idx, P, tile_bytes, run.arch) for idx in np.ndindex(*nft)] \
             if blocks else [place((), P, tile_bytes, run.arch)]
     else:
-        spots = [(buf.base_partition, buf.base_addr + j * tile_bytes) for j in range(nslots)]
+        base_p, base = _traced_base(run, buf, file, line)
+        spots = [(base_p, base + j * tile_bytes) for j in range(nslots)]
     for p0, lo in spots:
         if lo < 0 or lo + tile_bytes > total or p0 < 0 or p0 + P > run.arch.pmax:
             raise nki_error("nkisim_invalid_argument", api=f"ncc.{kind}.mod_alloc",
@@ -715,6 +735,27 @@ _CROSS_PARTITION = frozenset({"nc_matmul", "nc_transpose", "broadcast_to", "load
                               "matmul", "transpose"})
 
 
+class ElementTaint:
+    """The exact result elements computed from never-written values (``run.taint``'s first
+    item for instructions that know them, e.g. ``nc_matmul``), instead of result partitions."""
+
+    __slots__ = ("bad",)
+
+    def __init__(self, bad):
+        self.bad = bad
+
+
+def elementwise_taint(run, src: Tensor) -> None:
+    """The current instruction computes its result element by element from ``src`` alone (a
+    copy): exactly the result elements whose ``src`` element holds a never-written value are
+    never-written (AWS's reference/allocated_fused_linear.py copies a PSUM tile whose last
+    columns are garbage to SBUF, then stores only the valid columns with a mask)."""
+    if run.taint is None or src._w is None:
+        return
+    bad = checks.shadow_view(src) == 0
+    run.taint = (ElementTaint(np.ascontiguousarray(bad)), run.taint[1])
+
+
 def _taint(run, view, exc) -> None:
     """Note that the current instruction read never-written elements of ``view``."""
     w = checks.shadow_view(view)
@@ -724,7 +765,8 @@ def _taint(run, view, exc) -> None:
     prev = run.taint
     if prev is not None:
         prows, porigin = prev
-        rows = (rows | prows) if prows is not None and prows.shape == rows.shape else None
+        rows = (rows | prows) if isinstance(prows, np.ndarray) and \
+            prows.shape == rows.shape else None
         origin = porigin
     run.taint = (rows, origin)
 
@@ -740,7 +782,10 @@ def _apply_taint(run, t: Tensor, api: str, mask) -> None:
         return
     shape = t.shape
     bad = np.ones(shape, bool)
-    if rows is not None and api not in _CROSS_PARTITION and shape and rows.size == shape[0]:
+    if isinstance(rows, ElementTaint):
+        if rows.bad.shape == tuple(shape):
+            bad = rows.bad
+    elif rows is not None and api not in _CROSS_PARTITION and shape and rows.size == shape[0]:
         bad = np.broadcast_to(rows.reshape((-1,) + (1,) * (len(shape) - 1)), shape)
     if mask is not None:
         bad = bad & np.broadcast_to(mask, shape)
@@ -763,7 +808,11 @@ def inherit_taint(dst: Tensor, src: Tensor) -> None:
     w = checks.shadow_view(src)
     if w.size and int(w.min()) == 0 and getattr(src.root, "taint", None) is not None:
         run = context.current()
-        run.taint = (None, src.root.taint)
+        try:        # exactly the elements of src that hold never-written values
+            rows = ElementTaint(np.ascontiguousarray(fit(w == 0, dst.shape, src.shape)))
+        except Exception:          # noqa: BLE001 - shapes do not line up: the whole of dst
+            rows = None
+        run.taint = (rows, src.root.taint)
         try:
             _apply_taint(run, dst, "", None)
         finally:
@@ -810,6 +859,12 @@ def _needed(mask: np.ndarray, shape: tuple):
     try:
         full = np.broadcast_shapes(ext, mask.shape)
     except ValueError:
+        # an operand of another free shape (nc_match_replace8's `vals` [P, 8] under a mask of
+        # `data` [P, F], AWS's doc example nki_nc_match_replace_indices8_mask): the engines are
+        # partition-parallel, so the mask's partitions are the operand's partitions
+        if shape and mask.ndim and mask.shape[0] == shape[0]:
+            rows = mask.reshape(shape[0], -1).any(axis=1)
+            return np.broadcast_to(rows.reshape((-1,) + (1,) * (len(shape) - 1)), shape)
         return None
     m = np.broadcast_to(mask, full)
     axes = tuple(i for i, (s, f) in enumerate(zip(ext, full)) if s == 1 and f != 1)
@@ -836,6 +891,24 @@ def _copy(dst: np.ndarray, vals) -> None:
         dst[...] = vals
 
 
+def _same_values(t: Tensor, vals, mask, add) -> bool:
+    """Would writing ``vals`` (under ``mask``) leave the view's stored bytes as they are?"""
+    if add is not None or vals is None or t._slots is not None:
+        return False
+    try:
+        cur = values(t)
+        dt = t.dtype
+        new = dtypes.cast(vals, dt) if dt == dtypes.TF32 or \
+            (dt.kind in "iub" and np.asarray(vals).dtype.kind == "f") else np.asarray(vals)
+        new = np.broadcast_to(new.astype(cur.dtype, copy=False), cur.shape)
+    except (ValueError, TypeError):
+        return False
+    eq = (new == cur) | ((new != new) & (cur != cur))
+    if mask is not None:
+        eq = eq | ~np.broadcast_to(mask, cur.shape)
+    return bool(eq.all())
+
+
 def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
           add=None) -> None:
     """Write engine results into a view, rounding to its dtype; stamp the shadow.
@@ -858,7 +931,8 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
     if t._w is not None:
         keep = checks.check_write(run, t if mask is None else _masked_shadow_view(t, t._mask,
                                                                                  run),
-                                  api, accumulate)
+                                  api, accumulate,
+                                  same_values=lambda: _same_values(t, vals, mask, add))
     dt = t.dtype
     if dt == dtypes.TF32 or (dt.kind in "iub" and np.asarray(vals).dtype.kind == "f"):
         vals = dtypes.cast(vals, dt)

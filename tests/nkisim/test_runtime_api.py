@@ -261,3 +261,30 @@ def test_psum_mod_alloc_num_bank_tiles_gives_each_block_its_bank():
     # eight blocks in eight banks: none overwrites another
     np.testing.assert_array_equal(k(a, np.eye(64, dtype=np.float32)),
                                   np.stack([a.T + n for n in range(8)]))
+
+
+def test_direct_allocation_address_bumped_in_a_loop_body_is_traced_once():
+    # AWS's reference/allocated_attention.py (nki-samples fc5c69f, CI-tested at seqlen 4096)
+    # bumps `cur_addr` after each mod_alloc inside an affine_range body; the real front end
+    # traces the body once, so every iteration uses the first iteration's addresses. Eagerly,
+    # 64 iterations x 2 x 4 KiB would walk past the 224 KiB SBUF partition.
+    from nkisim import compiler as ncc_
+
+    @nki.jit
+    def kernel(a):
+        out = nl.ndarray((64, 128, 1024), dtype=nl.float32, buffer=nl.shared_hbm)
+        cur = 0
+        for i in nl.affine_range(64):
+            x = nl.ndarray((128, 1024), dtype=nl.float32,
+                           buffer=ncc_.sbuf.mod_alloc(base_addr=cur))
+            cur += 4096
+            y = nl.ndarray((128, 1024), dtype=nl.float32,
+                           buffer=ncc_.sbuf.mod_alloc(base_addr=cur))
+            cur += 4096
+            x[...] = nl.load(a[i])
+            y[...] = nl.multiply(x, 2.0)
+            nl.store(out[i], y)
+        return out
+
+    a = np.random.default_rng(0).random((64, 128, 1024), dtype=np.float32)
+    np.testing.assert_array_equal(nki.simulate_kernel(kernel, a), a * 2)
