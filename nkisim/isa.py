@@ -844,12 +844,8 @@ def _first_indices(d, vals):
     return out
 
 
-def nc_find_index8(*, data, vals, mask=None, dtype=None, **kwargs):
-    """Index (from 0, free dims flattened) of the first occurrence of each of the 8 ``vals`` in
-    each partition of ``data``; uint32 by default (docs). A value absent from ``data`` is
-    "undefined" behaviour: nkisim returns the all-ones index so a use of it shows."""
-    run = context.current()
-    api = "nc_find_index8"
+def _data_and_vals8(data, vals, api):
+    """The ``data`` and ``vals`` tiles of the *8 ops, vals holding 8 elements per partition."""
     d = _tile(data, api, "data")
     vt = _tile(vals, api, "vals")
     P = d.shape[0]
@@ -857,6 +853,16 @@ def nc_find_index8(*, data, vals, mask=None, dtype=None, **kwargs):
         raise nki_error("nkisim_shape_mismatch", params=f"data{shape_str(d.shape)}, "
                         f"vals{shape_str(vt.shape)}", api=api,
                         why=f"vals must have 8 elements in each of the {P} partitions")
+    return d, vt, P
+
+
+def nc_find_index8(*, data, vals, mask=None, dtype=None, **kwargs):
+    """Index (from 0, free dims flattened) of the first occurrence of each of the 8 ``vals`` in
+    each partition of ``data``; uint32 by default (docs). A value absent from ``data`` is
+    "undefined" behaviour: nkisim returns the all-ones index so a use of it shows."""
+    run = context.current()
+    api = "nc_find_index8"
+    d, vt, P = _data_and_vals8(data, vals, api)
     dt = dtypes.normalize(dtype) if dtype is not None else np.dtype(np.uint32)
     if dt not in (np.dtype(np.uint16), np.dtype(np.uint32)):
         raise nki_error("nkisim_operand_dtype", param="dtype", api=api, dtype=dtypes.name(dt),
@@ -878,13 +884,7 @@ def nc_match_replace8(*, data, vals, imm, dst_idx=None, mask=None, dtype=None, *
     into ``dst_idx`` (the docs' NumPy equivalent). ``mask`` applies to ``data``."""
     run = context.current()
     api = "nc_match_replace8"
-    d = _tile(data, api, "data")
-    vt = _tile(vals, api, "vals")
-    P = d.shape[0]
-    if vt.shape[0] != P or math.prod(_tile_shape(vt)[1:]) != 8:
-        raise nki_error("nkisim_shape_mismatch", params=f"data{shape_str(d.shape)}, "
-                        f"vals{shape_str(vt.shape)}", api=api,
-                        why=f"vals must have 8 elements in each of the {P} partitions")
+    d, vt, P = _data_and_vals8(data, vals, api)
     shape = _tile_shape(d)
     dv = _tile_vals(d, api, run).reshape(P, -1).copy()
     if dv.shape[1] > 16384:
