@@ -629,15 +629,15 @@ _COMPARE = {"equal", "not_equal", "greater", "greater_equal", "less", "less_equa
 def apply_binary(name, a, b):
     """fp32 (or raw-bit integer) element-wise op on engine inputs."""
     fn = _BINARY_FN[name]
-    with np.errstate(all="ignore"):
-        if _bitvec_op(name):
-            a = np.asarray(a)
-            if name == "right_shift" and a.dtype.kind == "i":
-                # logical shift of the operand's bits (ref §1.10 ALU table: right_shift is
-                # logical, arithmetic shift right is not supported)
-                a = a.astype(np.dtype(f"u{a.dtype.itemsize}"))
-            return fn(a.astype(np.int64), np.asarray(b).astype(np.int64))
-        return fn(a, b)
+    # no np.errstate here: a run computes under np.errstate(all="ignore") (runtime.simulate)
+    if _bitvec_op(name):
+        a = np.asarray(a)
+        if name == "right_shift" and a.dtype.kind == "i":
+            # logical shift of the operand's bits (ref §1.10 ALU table: right_shift is
+            # logical, arithmetic shift right is not supported)
+            a = a.astype(np.dtype(f"u{a.dtype.itemsize}"))
+        return fn(a.astype(np.int64), np.asarray(b).astype(np.int64))
+    return fn(a, b)
 
 
 def _operand_dtype(x):

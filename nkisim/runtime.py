@@ -207,6 +207,11 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
     # 15.6 ms per 128x128x444 fp32 matmul with 2 threads, 0.28 ms with 1). One thread while
     # simulating; NKISIM_BLAS_THREADS overrides.
     limits = threadpool_limits(int(os.environ.get("NKISIM_BLAS_THREADS", "1")), user_api="blas")
+    # The engines' numerics overflow to inf and make NaN silently, as the device does: one
+    # floating-point error state for the whole run instead of an ``np.errstate`` per write
+    # (2 us each, several per instruction; issue 12).
+    errs = np.errstate(all="ignore")
+    errs.__enter__()
     try:
         wrapped = []
         mutables = {}
@@ -265,6 +270,7 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
         return _to_numpy(result)
     finally:
         context.pop()
+        errs.__exit__(None, None, None)
         limits.restore_original_limits()
 
 

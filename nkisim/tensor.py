@@ -120,13 +120,20 @@ _ids = iter(range(1, 1 << 62))
 _NAME_RE = re.compile(r"^\s*([A-Za-z_]\w*)\s*(?::[^=]+)?=(?!=)")
 
 
+_NAMES: dict = {}        # (file, line) -> the variable assigned on that line, or None
+
+
 def _infer_name(file: str, line: int, default: str) -> str:
-    """The variable a tensor is assigned to on its source line (``a_tile = nl.ndarray(...)``)."""
-    if file:
+    """The variable a tensor is assigned to on its source line (``a_tile = nl.ndarray(...)``).
+    Looked up once per source line (a loop body allocates at the same lines every iteration)."""
+    if not file:
+        return default
+    key = (file, line)
+    name = _NAMES.get(key, False)
+    if name is False:
         m = _NAME_RE.match(linecache.getline(file, line))
-        if m:
-            return m.group(1)
-    return default
+        name = _NAMES[key] = m.group(1) if m else None
+    return name or default
 
 
 def _site_key(run, buffer, file, line, result=False):
@@ -803,10 +810,10 @@ def _apply_taint(run, t: Tensor, api: str, mask) -> None:
 def inherit_taint(dst: Tensor, src: Tensor) -> None:
     """``dst`` was written with ``src``'s values without a read (a retargeted instruction, the
     matmul accumulation): its never-written elements stay never-written."""
-    if src._w is None or dst._w is None:
-        return
+    if src._w is None or dst._w is None or getattr(src.root, "taint", None) is None:
+        return            # (only a tensor that holds never-written values has a taint)
     w = checks.shadow_view(src)
-    if w.size and int(w.min()) == 0 and getattr(src.root, "taint", None) is not None:
+    if w.size and int(w.min()) == 0:
         run = context.current()
         try:        # exactly the elements of src that hold never-written values
             rows = ElementTaint(np.ascontiguousarray(fit(w == 0, dst.shape, src.shape)))
@@ -937,22 +944,22 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
     if dt == dtypes.TF32 or (dt.kind in "iub" and np.asarray(vals).dtype.kind == "f"):
         vals = dtypes.cast(vals, dt)
     idx = t._idx
-    with np.errstate(over="ignore", invalid="ignore"):
-        if add is not None:
-            np.add(t._arr, add, out=t._arr)
-        elif mask is None:
-            if idx is None:
-                _copy(t._arr, vals)
-            else:
-                t._arr[idx] = vals
+    # (overflow to inf / NaN is silent: the run's np.errstate, nkisim.runtime.simulate)
+    if add is not None:
+        np.add(t._arr, add, out=t._arr)
+    elif mask is None:
+        if idx is None:
+            _copy(t._arr, vals)
         else:
-            m = np.broadcast_to(mask, t.shape)
-            v = np.broadcast_to(vals, t.shape)
-            if idx is None:
-                np.copyto(t._arr, v, where=m, casting="unsafe")
-            else:
-                sel = tuple(np.broadcast_to(i, t.shape)[m] for i in _full_idx(idx, t))
-                t._arr[sel] = v[m]
+            t._arr[idx] = vals
+    else:
+        m = np.broadcast_to(mask, t.shape)
+        v = np.broadcast_to(vals, t.shape)
+        if idx is None:
+            np.copyto(t._arr, v, where=m, casting="unsafe")
+        else:
+            sel = tuple(np.broadcast_to(i, t.shape)[m] for i in _full_idx(idx, t))
+            t._arr[sel] = v[m]
     if t._w is not None and not keep:
         if mask is None:
             if idx is None:
@@ -1135,9 +1142,11 @@ def inplace(t: Tensor, other, opname: str) -> Tensor:
         cur = values(t)
         fresh = None
         if t._w is not None:     # the associative accumulation is exempt from race checks
-            w = checks.shadow_view(t)
-            fresh = w == 0
-            if fresh.any():
+            root = t.root
+            # every element written (the tensor's summaries, nkisim.checks): no scan
+            written = root.full is True or (root.uniform is not None and root.uniform > 0)
+            fresh = None if written else checks.shadow_view(t) == 0
+            if fresh is not None and fresh.any():
                 # The first matmul of an accumulation group overwrites the PSUM bank, later
                 # ones accumulate (arch guide, "Near-memory accumulation in PSUM"; nki 0.3
                 # nc_matmul accumulate=None: "the first write to a PSUM location overwrites
