@@ -87,7 +87,7 @@ class Allocation:
     __slots__ = ("id", "buffer", "name", "key", "row_bytes", "p_base", "shadow", "param",
                  "mutable", "live", "pbytes", "banks", "loop", "file", "line", "direct",
                  "dtype", "shape", "epoch", "hi", "gen", "full", "uniform", "taint",
-                 "__weakref__")
+                 "adopted", "__weakref__")
 
     def __init__(self, buffer, name, dtype, shape):
         self.buffer = buffer          # "hbm" | "sbuf" | "psum"
@@ -114,6 +114,7 @@ class Allocation:
         self.full = -1                # True once fully written, else `gen` of the last check
         self.uniform = None           # the epoch of every shadow element, when known
         self.taint = None             # the uninitialized read its never-written values came from
+        self.adopted = False          # storage adopted from an instruction, not yet "written"
 
 
 _ids = iter(range(1, 1 << 62))
@@ -258,10 +259,12 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
                         largest=f"`{name}` {shape_str(shape)} {dtypes.name(dt)}: {pbytes} B "
                                 f"({context.where(file, line)})")
     phys_shape = (P,) + blocks + free
+    adopted = False
     if storage is not None and fill is None and not poison and not paxis and \
             dt == sdt and storage.dtype == sdt and storage.shape == phys_shape and \
             storage.flags.c_contiguous and storage.flags.writeable:
         arr = storage            # adopted: the instruction computed straight into the tile
+        adopted = True
     elif fill is None:
         arr = np.full(phys_shape, dtypes.poison(dt), dtype=sdt) if poison else \
             np.empty(phys_shape, dtype=sdt)
@@ -277,7 +280,15 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
     if paxis:
         perm = tuple(range(1, paxis + 1)) + (0,) + tuple(range(paxis + 1, len(shape)))
         arr = arr.transpose(perm)
-    if run.checks:
+    if adopted:
+        # the instruction's values are the storage: its write (the next call, ``write(t,
+        # storage)``) only has to stamp the shadow, done here with the summaries a whole-tile
+        # write leaves (nkisim.checks.check_write), so that write returns at once
+        a.adopted = True
+        if run.checks:
+            a.shadow = np.full(shape, run.epoch, np.int32)
+            a.gen, a.full, a.uniform = 1, True, run.epoch
+    elif run.checks:
         if fill is not None:
             a.shadow = np.full(shape, run.epoch, np.int32)
         else:
@@ -924,6 +935,16 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
     instead of writing ``vals`` (``psum += nc_matmul``: one pass, no temporary)."""
     run = run or context.current()
     root = t.root
+    if root.adopted:
+        root.adopted = False
+        if vals is t._arr and mask is None and add is None:
+            # a result tile whose storage is these values (allocate(storage=)): in place,
+            # shadow and summaries stamped when it was allocated
+            if t._mask is not None:
+                t._mask = None
+            if run.taint is not None:
+                _apply_taint(run, t, api, None)
+            return
     if root.param and not root.mutable and "inputs" in run.checks:
         raise nki_error("err_cannot_update_immutable_parameter", name=root.name)
     if t._slots is not None:
