@@ -110,6 +110,7 @@ class Run:
     #                                                   instruction (nkisim.tensor.read/write)
     rng: object = None                                # nl.rand / dropout generator (nl._rng)
     vector_acc: dict = field(default_factory=dict)    # VectorE accumulators (isa._accumulate)
+    loops_key: tuple = (0, ())                        # (epoch, the loops tuple record() stores)
 
     # ---- loops and epochs ----
     def new_epoch(self, loop: Loop, iteration: int) -> int:
@@ -137,9 +138,12 @@ class Run:
 
     def record(self, op, engine, reads, writes, dtype, partitions, free, detail=None) -> Instr:
         file, line = caller_location()
+        epoch, loops = self.loops_key        # the loop stack changes only with the epoch
+        if epoch != self.epoch:
+            loops = tuple((lp.id, lp.kind, lp.iteration) for lp in self.loops)
+            self.loops_key = (self.epoch, loops)
         instr = Instr(op, engine, tuple(reads), tuple(writes), dtype, partitions, free,
-                      detail if detail is not None else {},
-                      tuple((lp.id, lp.kind, lp.iteration) for lp in self.loops), file, line)
+                      detail if detail is not None else {}, loops, file, line)
         self.trace.append(instr)
         self.taint = None                  # the instruction is complete (nkisim.tensor.read)
         mem = self.memory

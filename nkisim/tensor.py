@@ -291,6 +291,7 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
     elif run.checks:
         if fill is not None:
             a.shadow = np.full(shape, run.epoch, np.int32)
+            a.gen, a.full, a.uniform = 1, True, run.epoch     # written whole (nkisim.checks)
         else:
             a.shadow = np.zeros(shape, np.int32) if poison else np.empty(shape, np.int32)
     t = Tensor(arr, a.shadow, a, dt, shape, paxis, None)
@@ -402,7 +403,7 @@ class Tensor:
     """An NKI tensor or a view of one (``nki.tensor`` in the real API)."""
 
     __slots__ = ("_arr", "_w", "root", "dtype", "shape", "paxis", "_idx", "_slots", "_producer",
-                 "_inplace", "_off", "_oob", "_mask", "_reduce", "__weakref__")
+                 "_inplace", "_off", "_oob", "_mask", "_reduce", "_region", "__weakref__")
     __array_priority__ = 1000
 
     def __init__(self, arr, shadow, root, dtype, shape, paxis, idx, off=0):
@@ -420,6 +421,7 @@ class Tensor:
         self._oob = None            # (out-of-bound elements, error fields): see normalize_key
         self._mask = None           # the mask the last masked write of this view used
         self._reduce = None         # ALU op of a pending `dst[...] = nl.loop_reduce(...)`
+        self._region = None         # region(self), once computed (a view's place is fixed)
 
     # --- nki.tensor API (ref §1.2) ---
     @property
@@ -1004,7 +1006,15 @@ def _full_idx(idx, t):
 
 
 def region(t: Tensor) -> Region:
-    """The physical region a view touches (bounding box: partitions x bytes in a partition)."""
+    """The physical region a view touches (bounding box: partitions x bytes in a partition).
+    Computed once per view: a tile used by every iteration of a loop costs one lookup."""
+    r = t._region
+    if r is None:
+        r = t._region = _region(t)
+    return r
+
+
+def _region(t: Tensor) -> Region:
     root = t.root
     arr = t._arr
     if arr is None:

@@ -270,8 +270,11 @@ def _run_jobs(jobs, labels, refs, backend, jobs_n, progress):
                                   initargs=(list(refs or ()), backend.name, backend.target))
     try:
         futures = {}
-        for i, job in enumerate(jobs):
-            futures[pool.submit(_run_one, job)] = i
+        # the largest cases first (longest-processing-time order): the 224x224 conv2d cases
+        # start at once on every worker and the small ones fill in at the end, instead of a
+        # large case starting last and running alone (results keep the cases' order)
+        for i in sorted(range(len(jobs)), key=lambda i: -_work(jobs[i])):
+            futures[pool.submit(_run_one, jobs[i])] = i
         for fut in cf.as_completed(futures):
             i = futures[fut]
             try:
@@ -288,6 +291,20 @@ def _run_jobs(jobs, labels, refs, backend, jobs_n, progress):
     finally:
         pool.shutdown(wait=not interrupted, cancel_futures=True)
     return results, interrupted
+
+
+def _work(job) -> float:
+    """A rough size of a case for ordering the parallel runs (the products simulated)."""
+    params = job[1]
+    try:
+        if "c_in" in params:         # conv2d: the multiply-adds
+            return (float(params["batch"]) * params["c_in"] * params["c_out"] *
+                    params["height"] * params["width"] * params["k"] ** 2)
+        if "m" in params:            # transpose: ~1000x the per-element cost of a GEMM
+            return 1000.0 * params["m"] * params["n"]
+        return 1000.0 * float(params.get("n", 0))
+    except (KeyError, TypeError):
+        return 0.0
 
 
 def _verdict(result) -> str:
