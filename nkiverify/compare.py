@@ -184,8 +184,10 @@ class Distribution:
 
 # Error statistics stream over the output in chunks of CHUNK elements, so their memory does not
 # grow with the output (a B=4 256->256 224x224 conv2d has 50M outputs: whole-array float64
-# temporaries took 4 GiB).
-CHUNK = 1 << 20
+# temporaries took 4 GiB). 64Ki elements: the dozen float64 temporaries of a chunk (512 KiB
+# each) stay in the CPU's caches; measured on the 2-core machine, a 12.6M-element conv2d output
+# compares in 0.6 s CPU against 1.1 s with 1Mi-element chunks (issue 12).
+CHUNK = 1 << 16
 EXACT_PERCENTILES = 1 << 20     # up to this many finite elements the percentiles are exact
 HIST_BITS = 8                   # histogram bins per octave: 2**HIST_BITS (relative error 0.4%)
 _HIST_SHIFT = np.uint64(52 - HIST_BITS)
