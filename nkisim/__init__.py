@@ -7,6 +7,7 @@ See README.md and shared/DESIGN.md for the architecture.
 
 from __future__ import annotations
 
+from . import ops  # noqa: F401 - registers the tile operations (nkisim.tensor.register_ops)
 from .arch import TRN1, TRN2, get_arch  # noqa: F401
 from .errors import NKISyntaxError, NKIWarning, nki_error  # noqa: F401
 from .runtime import baremetal, benchmark, jit, last_run, profile, simulate_kernel  # noqa: F401

@@ -380,6 +380,17 @@ def from_numpy(arr: np.ndarray, name: str, *, mutable: bool = False) -> Tensor:
 # tensors
 
 
+# The operations a tile's methods and operators issue (``t + u``, ``t.astype``, the copy of
+# ``dst[...] = t``) are instructions defined one layer up, in nkisim.ops, which registers itself
+# here when imported: this module imports nothing above it (DESIGN.md, "data flows one way").
+_ops = None
+
+
+def register_ops(module) -> None:
+    global _ops
+    _ops = module
+
+
 class Tensor:
     """An NKI tensor or a view of one (``nki.tensor`` in the real API)."""
 
@@ -467,7 +478,7 @@ class Tensor:
         return Tensor(arr, self._w, self.root, dt, self.shape, self.paxis, None, self._off)
 
     def astype(self, dtype):
-        from . import language as nl
+        nl = _ops
         return nl.copy(self, dtype=dtype)
 
     def broadcast_to(self, shape):
@@ -480,7 +491,7 @@ class Tensor:
             return self
         if self.root.buffer == "hbm" or self._idx is not None or self._slots is not None or \
                 self.paxis != 0:
-            from . import language as nl
+            nl = _ops
             return nl.broadcast_to(self, shape=shape)
         src = self.shape if len(self.shape) >= 2 else (self.shape[0], 1)
         try:
@@ -598,7 +609,7 @@ class Tensor:
 
     # --- Python operators map to nl.* (ref §1.8) ---
     def _op(self, name, other, reverse=False):
-        from . import language as nl
+        nl = _ops
         fn = getattr(nl, name)
         return fn(other, self) if reverse else fn(self, other)
 
@@ -623,15 +634,15 @@ class Tensor:
     def __ge__(self, o): return self._op("greater_equal", o)
 
     def __neg__(self):
-        from . import language as nl
+        nl = _ops
         return nl.negative(self)
 
     def __abs__(self):
-        from . import language as nl
+        nl = _ops
         return nl.abs(self)
 
     def __invert__(self):
-        from . import language as nl
+        nl = _ops
         return nl.invert(self)
 
     __hash__ = object.__hash__
@@ -1080,7 +1091,7 @@ def assign(dst: Tensor, value, fresh: bool = True) -> None:
             run.memory.release(value.root)
             value._producer = None
             return
-        from . import language as nl
+        nl = _ops
         src_vals = fit(read(value, "assignment", run), dst.shape, value.shape)
         if value.root.buffer == "hbm" or dst.root.buffer == "hbm":
             nl._dma(dst, value, src_vals, "assignment", run)
@@ -1104,7 +1115,7 @@ def assign(dst: Tensor, value, fresh: bool = True) -> None:
 def _loop_reduce_into(run, dst: Tensor, value: Tensor) -> None:
     """``dst[idx] = nl.loop_reduce(x, op=...)``: ``dst[idx] = op(x, dst[idx])``, an associative
     reduction across the loop (exempt from the race checks, like ``acc += x``)."""
-    from . import language as nl
+    nl = _ops
     name, value._reduce = value._reduce, None
     if dst._w is not None:
         checks.check_read(run, dst, "loop_reduce", accumulate=True)
@@ -1171,7 +1182,7 @@ def inplace(t: Tensor, other, opname: str) -> Tensor:
         other._producer = None
         t._inplace = True
         return t
-    from . import language as nl
+    nl = _ops
     # `acc[...] += x` (or *=) is an associative reduction: "associative reductions are not
     # considered loop carried dependencies" in affine_range (nl.affine_range docstring,
     # programming model "NKI iterators"; AWS's tutorials/fused_mamba v1 accumulates
