@@ -34,6 +34,11 @@ from .dtypes import (  # noqa: F401 - re-exported as nl.float32 etc.
 )
 from .errors import nki_error, shape_str
 from .indexing import DynSlice, IndexExpr, MaskExpr, arange, ds, mgrid, par_dim  # noqa: F401
+from .indirect import (  # noqa: F401 - indirect_getitem: Tensor.__getitem__ (register_ops)
+    dynamic_index,
+    index_tiles,
+    indirect_getitem,
+)
 from .tensor import (  # noqa: F401 - re-exported buffers
     Tensor,
     _free,
@@ -460,7 +465,6 @@ def _dma(dst: Tensor, src: Tensor, src_vals, api: str, run, mask=None, accumulat
         src_vals = accumulate_op(cur, dtypes.to_f32(src_vals))
     write(dst, src_vals, api, run=run, mask=mask)
     nbytes = dst.size * dst.dtype.itemsize
-    from .indirect import index_tiles
     idx = tuple(region(i) for i in index_tiles(src) + index_tiles(dst))   # indirect DMA
     run.record("dma_copy", DMA, (region(src),) + idx, (region(dst),), dtypes.name(dst.dtype),
                _partitions(dst) if dst.root.buffer != "hbm" else _partitions(src),
@@ -647,7 +651,6 @@ def _binary(name, x, y, dtype, mask):
     api = name
     if name in ("add", "subtract", "multiply") and builtins.any(
             isinstance(t, IndexExpr) for t in (x, y)):
-        from .indirect import dynamic_index
         return dynamic_index(name, x, y, run)
     tiles = [t for t in (x, y) if isinstance(t, Tensor)]
     if not tiles:

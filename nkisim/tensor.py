@@ -531,10 +531,8 @@ class Tensor:
         if self._idx is not None:
             raise nki_error("nkisim_unsupported", what="nested indexing of an indexed view",
                             why="index the tensor once (CS149: 'Do not use nested slicing')")
-        from .indirect import has_tensor_index
-        if has_tensor_index(key):          # an SBUF tile of indices: indirect DMA
-            from .indirect import indirect_getitem
-            return indirect_getitem(self, key)
+        if any(isinstance(k, Tensor) for k in (key if isinstance(key, tuple) else (key,))):
+            return _ops.indirect_getitem(self, key)   # SBUF tiles of indices: indirect DMA
         oob = []
         kind, k = normalize_key(key, self.shape, self.name, oob)
         if kind == "basic" and self.root.buffer != "hbm" and self.paxis == 0 and k and \
@@ -835,8 +833,9 @@ def _check_oob(t: Tensor, mask) -> None:
     bad, fields = t._oob
     if mask is None or (bad & np.broadcast_to(mask, bad.shape)).any():
         if "indirect" in fields:            # a runtime index from an SBUF tile (nkisim.indirect)
-            from .indirect import oob_error
-            raise oob_error(fields)
+            e = IndexError(fields["indirect"])
+            e.nki_code = "nkisim_indirect_out_of_bound"
+            raise e
         raise nki_error("err_tensor_access_out_of_bound", **fields)
 
 
