@@ -22,11 +22,11 @@ device does not order (instances run on different NeuronCores).
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 
 from . import errors
 from .arch import Arch, get_arch
+from .errors import _PKG_DIR, caller_location, where  # noqa: F401 - used by checks, tensor
 from .trace import Instr, Trace
 
 # The checks nkisim runs by default; each can be turned off (NKISIM_CHECKS=-races,-uninit or
@@ -41,7 +41,6 @@ from .trace import Instr, Trace
 #             (err_local_variable_used_out_of_scope)
 ALL_CHECKS = ("uninit", "races", "outputs", "capacity", "warnings", "inputs", "scope")
 
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def parse_checks(spec: str | None) -> frozenset:
@@ -221,17 +220,3 @@ def new_run(target: str | None = None, checks=None, kernel_name: str = "",
     run.memory = Memory(run)
     run.strict = strict_from_env() if strict is None else bool(strict)
     return run
-
-
-def caller_location() -> tuple[str, int]:
-    """(file, line) of the innermost frame outside the nkisim package: the kernel's line."""
-    f = sys._getframe(2)
-    while f is not None and f.f_code.co_filename.startswith(_PKG_DIR):
-        f = f.f_back
-    if f is None:
-        return "", 0
-    return f.f_code.co_filename, f.f_lineno
-
-
-def where(file: str, line: int) -> str:
-    return f"{os.path.basename(file)}:{line}" if file else "<unknown>"

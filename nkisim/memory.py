@@ -28,8 +28,7 @@ import os
 import sys
 import weakref
 
-from .context import where
-from .errors import nki_error, shape_str
+from .errors import nki_error, shape_str, where
 
 _MALLOC_TUNED = []
 

@@ -19,11 +19,11 @@ import sys
 import types
 
 _MODULES = {
-    "neuronxcc.nki": "nkisim.nki",
-    "neuronxcc.nki.language": "nkisim.language",
-    "neuronxcc.nki.isa": "nkisim.isa",
-    "neuronxcc.nki.compiler": "nkisim.compiler",
-    "neuronxcc.nki.typing": "nkisim.typing",
+    "neuronxcc.nki": "nkisim.beta1",
+    "neuronxcc.nki.language": "nkisim.beta1.language",
+    "neuronxcc.nki.isa": "nkisim.beta1.isa",
+    "neuronxcc.nki.compiler": "nkisim.beta1.compiler",
+    "neuronxcc.nki.typing": "nkisim.beta1.typing",
 }
 
 
@@ -77,7 +77,7 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 class _AttrLoader(importlib.abc.Loader):
     def create_module(self, spec):
-        from . import compiler
+        from .beta1 import compiler
         ns = getattr(compiler, spec.name.rpartition(".")[2])
         m = types.ModuleType(spec.name)
         m.__dict__.update(vars(ns))

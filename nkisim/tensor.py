@@ -399,6 +399,17 @@ def from_numpy(arr: np.ndarray, name: str, *, mutable: bool = False) -> Tensor:
 # tensors
 
 
+# The operations a tile's methods and operators issue (``t + u``, ``t.astype``, the copy of
+# ``dst[...] = t``) are instructions defined one layer up, in nkisim.ops, which registers itself
+# here when imported: this module imports nothing above it (DESIGN.md, "data flows one way").
+_ops = None
+
+
+def register_ops(module) -> None:
+    global _ops
+    _ops = module
+
+
 class Tensor:
     """An NKI tensor or a view of one (``nki.tensor`` in the real API)."""
 
@@ -487,7 +498,7 @@ class Tensor:
         return Tensor(arr, self._w, self.root, dt, self.shape, self.paxis, None, self._off)
 
     def astype(self, dtype):
-        from . import language as nl
+        nl = _ops
         return nl.copy(self, dtype=dtype)
 
     def broadcast_to(self, shape):
@@ -500,7 +511,7 @@ class Tensor:
             return self
         if self.root.buffer == "hbm" or self._idx is not None or self._slots is not None or \
                 self.paxis != 0:
-            from . import language as nl
+            nl = _ops
             return nl.broadcast_to(self, shape=shape)
         src = self.shape if len(self.shape) >= 2 else (self.shape[0], 1)
         try:
@@ -540,10 +551,8 @@ class Tensor:
         if self._idx is not None:
             raise nki_error("nkisim_unsupported", what="nested indexing of an indexed view",
                             why="index the tensor once (CS149: 'Do not use nested slicing')")
-        from .indirect import has_tensor_index
-        if has_tensor_index(key):          # an SBUF tile of indices: indirect DMA
-            from .indirect import indirect_getitem
-            return indirect_getitem(self, key)
+        if any(isinstance(k, Tensor) for k in (key if isinstance(key, tuple) else (key,))):
+            return _ops.indirect_getitem(self, key)   # SBUF tiles of indices: indirect DMA
         oob = []
         kind, k = normalize_key(key, self.shape, self.name, oob)
         if kind == "basic" and self.root.buffer != "hbm" and self.paxis == 0 and k and \
@@ -618,7 +627,7 @@ class Tensor:
 
     # --- Python operators map to nl.* (ref §1.8) ---
     def _op(self, name, other, reverse=False):
-        from . import language as nl
+        nl = _ops
         fn = getattr(nl, name)
         return fn(other, self) if reverse else fn(self, other)
 
@@ -643,15 +652,15 @@ class Tensor:
     def __ge__(self, o): return self._op("greater_equal", o)
 
     def __neg__(self):
-        from . import language as nl
+        nl = _ops
         return nl.negative(self)
 
     def __abs__(self):
-        from . import language as nl
+        nl = _ops
         return nl.abs(self)
 
     def __invert__(self):
-        from . import language as nl
+        nl = _ops
         return nl.invert(self)
 
     __hash__ = object.__hash__
@@ -844,8 +853,9 @@ def _check_oob(t: Tensor, mask) -> None:
     bad, fields = t._oob
     if mask is None or (bad & np.broadcast_to(mask, bad.shape)).any():
         if "indirect" in fields:            # a runtime index from an SBUF tile (nkisim.indirect)
-            from .indirect import oob_error
-            raise oob_error(fields)
+            e = IndexError(fields["indirect"])
+            e.nki_code = "nkisim_indirect_out_of_bound"
+            raise e
         raise nki_error("err_tensor_access_out_of_bound", **fields)
 
 
@@ -1118,7 +1128,7 @@ def assign(dst: Tensor, value, fresh: bool = True) -> None:
             run.memory.release(value.root)
             value._producer = None
             return
-        from . import language as nl
+        nl = _ops
         src_vals = fit(read(value, "assignment", run), dst.shape, value.shape)
         if value.root.buffer == "hbm" or dst.root.buffer == "hbm":
             nl._dma(dst, value, src_vals, "assignment", run)
@@ -1142,7 +1152,7 @@ def assign(dst: Tensor, value, fresh: bool = True) -> None:
 def _loop_reduce_into(run, dst: Tensor, value: Tensor) -> None:
     """``dst[idx] = nl.loop_reduce(x, op=...)``: ``dst[idx] = op(x, dst[idx])``, an associative
     reduction across the loop (exempt from the race checks, like ``acc += x``)."""
-    from . import language as nl
+    nl = _ops
     name, value._reduce = value._reduce, None
     if dst._w is not None:
         checks.check_read(run, dst, "loop_reduce", accumulate=True)
@@ -1211,7 +1221,7 @@ def inplace(t: Tensor, other, opname: str) -> Tensor:
         other._producer = None
         t._inplace = True
         return t
-    from . import language as nl
+    nl = _ops
     # `acc[...] += x` (or *=) is an associative reduction: "associative reductions are not
     # considered loop carried dependencies" in affine_range (nl.affine_range docstring,
     # programming model "NKI iterators"; AWS's tutorials/fused_mamba v1 accumulates

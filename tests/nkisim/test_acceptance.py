@@ -15,9 +15,10 @@ import warnings
 import numpy as np
 import pytest
 
-import nkisim.isa as nisa
-import nkisim.language as nl
-from nkisim import NKIWarning, nki
+import nkisim.beta1.isa as nisa
+import nkisim.beta1.language as nl
+from nkisim import NKIWarning
+from nkisim import beta1 as nki
 from nkisim.errors import NKIRuleWarning
 from nkisim.runtime import simulate
 

@@ -14,9 +14,10 @@ import warnings
 import numpy as np
 import pytest
 
-from nkisim import NKIWarning, nki
-from nkisim import isa as nisa
-from nkisim import language as nl
+from nkisim import NKIWarning
+from nkisim import beta1 as nki
+from nkisim.beta1 import isa as nisa
+from nkisim.beta1 import language as nl
 from nkisim.context import ALL_CHECKS, parse_checks
 from nkisim.errors import NKIRuleWarning
 from nkisim.runtime import simulate

@@ -8,9 +8,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from nkisim import dtypes, nki
-from nkisim import isa as nisa
-from nkisim import language as nl
+from nkisim import beta1 as nki
+from nkisim import dtypes
+from nkisim.beta1 import isa as nisa
+from nkisim.beta1 import language as nl
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 FP8_E4M3 = np.dtype(ml_dtypes.float8_e4m3)

@@ -12,11 +12,12 @@ import re
 import numpy as np
 import pytest
 
-from nkisim import NKISyntaxError, NKIWarning, nki
-from nkisim import compiler as ncc
-from nkisim import isa as nisa
-from nkisim import language as nl
-from nkisim import typing as nt
+from nkisim import NKISyntaxError, NKIWarning
+from nkisim import beta1 as nki
+from nkisim.beta1 import compiler as ncc
+from nkisim.beta1 import isa as nisa
+from nkisim.beta1 import language as nl
+from nkisim.beta1 import typing as nt
 from nkisim.errors import NKIRuleWarning
 
 DOCS = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/nki/api/nki.errors.html"

@@ -7,9 +7,9 @@ checks the result on exactly the rows and columns both predicates keep; NumPy gi
 
 import numpy as np
 
-from nkisim import isa as nisa
-from nkisim import language as nl
-from nkisim import nki
+from nkisim import beta1 as nki
+from nkisim.beta1 import isa as nisa
+from nkisim.beta1 import language as nl
 from nkisim.frontend import rewrite_mask_boolops
 
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from threadpoolctl import threadpool_limits
 
-from nkisim import isa as nisa
-from nkisim import language as nl
-from nkisim import nki
+from nkisim import beta1 as nki
+from nkisim.beta1 import isa as nisa
+from nkisim.beta1 import language as nl
 from nkisim.tensor import _copy
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

@@ -7,9 +7,9 @@ index expressions with broadcasting, the maxpool 5-D index example) and §1.12 (
 import numpy as np
 import pytest
 
-from nkisim import isa as nisa
-from nkisim import language as nl
-from nkisim import nki
+from nkisim import beta1 as nki
+from nkisim.beta1 import isa as nisa
+from nkisim.beta1 import language as nl
 
 RNG = np.random.default_rng(7)
 

@@ -10,9 +10,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from nkisim import isa as nisa
-from nkisim import language as nl
-from nkisim import nki
+from nkisim import beta1 as nki
+from nkisim.beta1 import isa as nisa
+from nkisim.beta1 import language as nl
 from nkisim.runtime import last_run
 
 RNG = np.random.default_rng(808)

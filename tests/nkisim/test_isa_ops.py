@@ -9,9 +9,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from nkisim import isa as nisa
-from nkisim import language as nl
-from nkisim import nki
+from nkisim import beta1 as nki
+from nkisim.beta1 import isa as nisa
+from nkisim.beta1 import language as nl
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 FLOAT_DTYPES = [np.float32, np.float16, BF16]

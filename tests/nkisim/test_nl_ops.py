@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import scipy.special
 
-from nkisim import language as nl
-from nkisim import nki
+from nkisim import beta1 as nki
+from nkisim.beta1 import language as nl
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F32 = np.dtype(np.float32)
@@ -194,7 +194,7 @@ def test_binary_dtype_argument_casts_output():
 
 
 def test_binary_ops_accept_numpy_ufuncs_as_nisa_op_codes():
-    from nkisim import isa as nisa
+    from nkisim.beta1 import isa as nisa
     a, b = rand((8, 8)), rand((8, 8))
     for op, ref in ((np.add, a + b), (np.maximum, np.maximum(a, b)), (nl.subtract, a - b)):
         np.testing.assert_array_equal(

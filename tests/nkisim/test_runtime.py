@@ -10,11 +10,12 @@ import sys
 import numpy as np
 import pytest
 
-from nkisim import compiler as ncc
-from nkisim import isa as nisa
-from nkisim import language as nl
-from nkisim import nki, shim
-from nkisim import typing as nt
+from nkisim import beta1 as nki
+from nkisim import shim
+from nkisim.beta1 import compiler as ncc
+from nkisim.beta1 import isa as nisa
+from nkisim.beta1 import language as nl
+from nkisim.beta1 import typing as nt
 
 RNG = np.random.default_rng(11)
 

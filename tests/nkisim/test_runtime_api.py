@@ -11,8 +11,8 @@ import inspect
 import numpy as np
 import pytest
 
-from nkisim import language as nl
-from nkisim import nki
+from nkisim import beta1 as nki
+from nkisim.beta1 import language as nl
 
 RNG = np.random.default_rng(8)
 
@@ -141,7 +141,7 @@ def test_bad_spmd_dims_raise(bad):
 
 
 def test_tensor_placeholder_runs_benchmark_with_that_shape_and_dtype():
-    from nkisim import typing as nt
+    from nkisim.beta1 import typing as nt
 
     seen = {}
 
@@ -163,7 +163,7 @@ def test_tensor_placeholder_runs_benchmark_with_that_shape_and_dtype():
 
 
 def test_tensor_annotations_stay_annotations():
-    from nkisim import typing as nt
+    from nkisim.beta1 import typing as nt
     assert nt.tensor[64, 512].shape == (64, 512)
     # nt.mutable_tensor[...] is still recognised as mutable by the runtime
     assert nt.mutable_tensor[4, 4].__origin__ is nt.mutable_tensor
@@ -187,7 +187,7 @@ def test_returning_an_sbuf_tile_warns_and_returns_its_values():
 
 
 def test_sbuf_alloc_function_places_each_block():
-    from nkisim import compiler as ncc
+    from nkisim.beta1 import compiler as ncc
     calls = []
 
     def place(idx, pdim_size, fdim_size):
@@ -214,7 +214,7 @@ def test_sbuf_alloc_function_places_each_block():
 def test_psum_alloc_function_is_called_by_keyword():
     import functools
 
-    from nkisim import compiler as ncc
+    from nkisim.beta1 import compiler as ncc
 
     def psum_addr(bank_map, idx, pdim_size, fdim_size):
         return bank_map[idx], 0, 0
@@ -233,14 +233,14 @@ def test_psum_alloc_function_is_called_by_keyword():
             nl.store(out[i], nl.copy(ps[i]))
         return out
 
-    from nkisim import isa as nisa
+    from nkisim.beta1 import isa as nisa
     a = rand((64, 64))
     np.testing.assert_array_equal(k(a, np.eye(64, dtype=np.float32)), np.stack([a.T, a.T]))
 
 
 def test_psum_mod_alloc_num_bank_tiles_gives_each_block_its_bank():
-    from nkisim import compiler as ncc
-    from nkisim import isa as nisa
+    from nkisim.beta1 import compiler as ncc
+    from nkisim.beta1 import isa as nisa
 
     @nki.jit
     def k(a, e):
@@ -268,7 +268,7 @@ def test_direct_allocation_address_bumped_in_a_loop_body_is_traced_once():
     # bumps `cur_addr` after each mod_alloc inside an affine_range body; the real front end
     # traces the body once, so every iteration uses the first iteration's addresses. Eagerly,
     # 64 iterations x 2 x 4 KiB would walk past the 224 KiB SBUF partition.
-    from nkisim import compiler as ncc_
+    from nkisim.beta1 import compiler as ncc_
 
     @nki.jit
     def kernel(a):

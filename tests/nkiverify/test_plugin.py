@@ -209,7 +209,7 @@ def test_the_shim_serves_neuronxcc_before_test_modules_import(pytester):
         import neuronxcc.nki as nki
 
         def test_k():
-            assert nki.__name__ == "nkisim.nki"
+            assert nki.__name__ == "nkisim.beta1"
     """)
     pytester.runpytest().assert_outcomes(passed=1)
 

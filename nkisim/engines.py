@@ -14,10 +14,10 @@ import math
 import numpy as np
 
 from . import context, dtypes
-from . import language as nl
+from . import ops as nl  # the core's language operations (nl.* op codes, DMA helpers)
 from .errors import nki_error, shape_str
 from .indexing import IndexExpr, MaskExpr
-from .language import (
+from .ops import (
     _detail,
     _mask,
     _partitions,

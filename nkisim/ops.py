@@ -10,15 +10,13 @@ and partition broadcasts on TensorE, loads/stores on the DMA queues.
 from __future__ import annotations
 
 import builtins
-import linecache
 import math
-import re
 import sys
 
 import ml_dtypes
 import numpy as np
 
-from . import context, dtypes
+from . import context, dtypes, tensor
 from .dtypes import (  # noqa: F401 - re-exported as nl.float32 etc.
     bfloat16,
     bool_,
@@ -36,6 +34,11 @@ from .dtypes import (  # noqa: F401 - re-exported as nl.float32 etc.
 )
 from .errors import nki_error, shape_str
 from .indexing import DynSlice, IndexExpr, MaskExpr, arange, ds, mgrid, par_dim  # noqa: F401
+from .indirect import (  # noqa: F401 - indirect_getitem: Tensor.__getitem__ (register_ops)
+    dynamic_index,
+    index_tiles,
+    indirect_getitem,
+)
 from .tensor import (  # noqa: F401 - re-exported buffers
     Tensor,
     _free,
@@ -462,7 +465,6 @@ def _dma(dst: Tensor, src: Tensor, src_vals, api: str, run, mask=None, accumulat
         src_vals = accumulate_op(cur, dtypes.to_f32(src_vals))
     write(dst, src_vals, api, run=run, mask=mask)
     nbytes = dst.size * dst.dtype.itemsize
-    from .indirect import index_tiles
     idx = tuple(region(i) for i in index_tiles(src) + index_tiles(dst))   # indirect DMA
     run.record("dma_copy", DMA, (region(src),) + idx, (region(dst),), dtypes.name(dst.dtype),
                _partitions(dst) if dst.root.buffer != "hbm" else _partitions(src),
@@ -649,7 +651,6 @@ def _binary(name, x, y, dtype, mask):
     api = name
     if name in ("add", "subtract", "multiply") and builtins.any(
             isinstance(t, IndexExpr) for t in (x, y)):
-        from .indirect import dynamic_index
         return dynamic_index(name, x, y, run)
     tiles = [t for t in (x, y) if isinstance(t, Tensor)]
     if not tiles:
@@ -942,87 +943,10 @@ def where(condition, x, y, *, dtype=None, mask=None, **kwargs):
                        mask=_mask(mask, out.shape))
 
 
-_SUBSCRIPT_RE = re.compile(r"^\s*[A-Za-z_][\w.]*\s*\[.*\]\s*=(?!=)")
 
 
-def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, **kwargs):
-    """``b = nl.loop_reduce(a, op=np.add, loop_indices=[k])``: ``b = op(a, b)`` where ``b`` is
-    the variable the result is assigned to (the destination is also op's right input)."""
-    from .isa import _alu_name
-    run = context.current()
-    t = _tile(x, "loop_reduce", "x")
-    name = _alu_name(op, "loop_reduce")
-    f = sys._getframe(1)
-    from .tensor import _infer_name
-    target = _infer_name(f.f_code.co_filename, f.f_lineno, "")
-    prev = f.f_locals.get(target) if target else None
-    if not isinstance(prev, Tensor) and _SUBSCRIPT_RE.match(
-            linecache.getline(f.f_code.co_filename, f.f_lineno)):
-        # `acc[idx] = nl.loop_reduce(x, ...)` (AWS's reference/attention.py flash_attn_bwd):
-        # the subscripted destination is the accumulator; the assignment performs
-        # `acc[idx] = op(x, acc[idx])` (nkisim.tensor.assign)
-        res = copy(t, dtype=dtype, mask=mask)
-        res._reduce = _alu_name(op, "loop_reduce")
-        return res
-    if not isinstance(prev, Tensor):
-        raise nki_error("nkisim_unsupported", what="nl.loop_reduce without an accumulator",
-                        why="write `acc = nl.loop_reduce(x, op=..., loop_indices=[i])` with "
-                            "`acc` a tile created before the loop")
-    a = _tile_vals(t, "loop_reduce", run)
-    # The destination is the accumulator itself, updated in place across the loop: an
-    # associative reduction, not a loop-carried dependency (ref §1.9), so no race check.
-    _tile(prev, "loop_reduce", "dst")
-    if prev._w is not None:
-        from . import checks
-        checks.check_read(run, prev, "loop_reduce", accumulate=True)
-    b = dtypes.to_f32(values(prev)).reshape(_tile_shape(prev))
-    out = apply_binary(name, a, fit(b, a.shape))
-    write(prev, fit(out, prev.shape), "loop_reduce", accumulate=True, run=run)
-    run.record("tensor_tensor", VECTOR, (region(t), region(prev)), (region(prev),),
-               dtypes.name(prev.dtype), _partitions(prev), _free(prev), _detail(t, prev))
-    return prev
 
 
-# ---------------------------------------------------------------------------------------------
-# TensorE (ref §1.8)
-
-def transpose(x, *, dtype=None, mask=None, **kwargs):
-    """Transpose a 2-D tile between partition and free dimension (TensorE, result in PSUM)."""
-    from . import isa
-    t = _tile(x, "transpose", "x")
-    if len(t.shape) > 2:
-        raise nki_error("err_exceed_max_supported_dimension", param="x",
-                        shape=shape_str(t.shape), api="transpose", limit=2)
-    for d, s in enumerate(_tile_shape(t)):
-        if s > 128:
-            raise nki_error("err_size_of_dimension_exceed_arch_limit", dim=d, param="x",
-                            shape=shape_str(t.shape), api="transpose", limit=128)
-    return isa.nc_transpose(t, dtype=dtype, engine=isa.engine.tensor, mask=mask)
-
-
-def matmul(x, y, *, transpose_x=False, mask=None, **kwargs):
-    """``x @ y`` (or ``x.T @ y``); lowers to ``nc_matmul(transpose(x), y)`` (ref §1.8)."""
-    from . import isa
-    context.current()                  # outside a kernel: err_nki_api_outside_of_nki_kernel
-    for p, t in (("x", x), ("y", y)):
-        # x, y: SBUF (ref §1.8). A PSUM tile (an nl.transpose result) is a tolerated rule,
-        # reported by nc_matmul: AWS's tutorials/attention_fwd_performance v1 does
-        # `nl.matmul(scores, nl.transpose(v_sbuf))`.
-        if isinstance(t, Tensor) and t.root.buffer not in ("sbuf", "psum"):
-            raise nki_error("err_unsupported_memory", param=p, api="matmul", expected="sbuf",
-                            got=t.root.buffer)
-    xt = _tile(x, "matmul", "x")
-    yt = _tile(y, "matmul", "y")
-    if not transpose_x:
-        xs = _tile_shape(xt)
-        if xs[1] != _tile_shape(yt)[0]:
-            raise nki_error("nkisim_matmul_contraction_mismatch", stat=shape_str(xs),
-                            mov=shape_str(yt.shape), api="matmul")
-        # the extra TensorE transpose the compiler inserts, then a copy back to SBUF
-        tp = isa.nc_transpose(xt, engine=isa.engine.tensor)
-        xt = copy(tp, dtype=xt.dtype)
-        del tp
-    return isa.nc_matmul(xt, yt)
 
 
 def softmax(x, axis, *, dtype=None, mask=None, **kwargs):
@@ -1132,13 +1056,6 @@ def rand(shape, dtype=np.float32, **kwargs):
     return result_tile(run, shape, dtype, vals, "rand", VECTOR, (), {"inputs": 0})
 
 
-def dropout(x, rate, *, dtype=None, mask=None, **kwargs):
-    """``nl.dropout(x, rate)``: zero each element with probability ``rate`` (a scalar or a tile
-    with one value per partition); no rescaling (docstring: "Randomly zeroes some of the elements
-    of the input tile given a probability rate"; nki-samples reference/attention.py rescales by
-    1 / (1 - p) itself)."""
-    from . import isa
-    return isa.dropout(x, rate, dtype=dtype, mask=mask)
 
 
 def gather_flattened(data, indices, *, mask=None, dtype=None, **kwargs):
@@ -1167,33 +1084,4 @@ def gather_flattened(data, indices, *, mask=None, dtype=None, **kwargs):
                        _detail(d, ix), mask=_mask(mask, shape))
 
 
-def atomic_rmw(dst, value, op, *, mask=None, **kwargs):
-    """``nl.atomic_rmw(dst, value, op)``: ``dst = op(dst, value)`` on HBM, atomically ("only
-    supports np.add currently"; aws-neuron-sdk nki/test/test_nki_nl_atomic_rmw.py indexes ``dst``
-    with an SBUF index tile). Indices that repeat accumulate every contribution (atomic)."""
-    from .indirect import accumulate_at
-    from .isa import _alu_name
-    run = context.current()
-    api = "atomic_rmw"
-    if not isinstance(dst, Tensor) or dst.root.buffer != "hbm":
-        raise nki_error("err_unsupported_memory", param="dst", api=api, expected="hbm",
-                        got=getattr(getattr(dst, "root", None), "buffer", type(dst).__name__))
-    name = _alu_name(op, api)
-    if name != "add":
-        raise nki_error("nkisim_unsupported", what=f"atomic_rmw with {name}",
-                        why="the docs: 'only supports np.add currently'")
-    if isinstance(value, Tensor):
-        src = _tile(value, api, "value")
-        vals = fit(dtypes.to_f32(read(src, api, run)), dst.shape, src.shape)
-        reads = (region(src),)
-    else:
-        vals = np.full(dst.shape, np.float32(value))
-        reads = ()
-    accumulate_at(dst, vals, api, run, mask=_mask(mask, dst.shape))
-    nbytes = dst.size * dst.dtype.itemsize
-    run.record("dma_copy", DMA, reads + (region(dst),), (region(dst),), dtypes.name(dst.dtype),
-               _partitions(src) if isinstance(value, Tensor) else 1,
-               _free(src) if isinstance(value, Tensor) else dst.size,
-               {"bytes": nbytes, "src": "sbuf", "dst": "hbm", "rmw": True,
-                "row_bytes": nbytes // builtins.max(1, dst.shape[0]),
-                "rows": builtins.max(1, dst.shape[0])})
+tensor.register_ops(sys.modules[__name__])

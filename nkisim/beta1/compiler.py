@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
-from .errors import nki_error
-from .runtime import Kernel
-from .tensor import DirectAlloc
-from .tensor import psum as _psum
-from .tensor import sbuf as _sbuf
+from ..errors import nki_error
+from ..runtime import Kernel
+from ..tensor import DirectAlloc
+from ..tensor import psum as _psum
+from ..tensor import sbuf as _sbuf
 
 # what an allocation function returns, by the number of ints (ncc.sbuf.alloc: 2, psum: 3)
 _ALLOC_RESULT = {2: "start_partition, byte_addr", 3: "bank, start_partition, byte_addr"}

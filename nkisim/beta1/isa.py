@@ -1,0 +1,53 @@
+"""``neuronxcc.nki.isa`` (nisa), NKI Beta 1: the core's engine instructions (nkisim.engines)
+under their Beta 1 names and signatures (results returned as new tiles, ``dst[...] = nisa.op()``
+retargets the instruction, ``psum += nisa.nc_matmul(...)`` accumulates).
+"""
+
+from __future__ import annotations
+
+from ..engines import (  # noqa: F401
+    activation,
+    activation_reduce,
+    affine_select,
+    bn_aggr,
+    bn_stats,
+    dge_mode,
+    dma_copy,
+    dma_transpose,
+    dropout,
+    engine,
+    fp32,
+    get_nc_version,
+    gpsimd_engine,
+    iota,
+    local_gather,
+    max8,
+    memset,
+    nc_find_index8,
+    nc_match_replace8,
+    nc_matmul,
+    nc_stream_shuffle,
+    nc_transpose,
+    nc_version,
+    oob_mode,
+    range_select,
+    reciprocal,
+    reduce_cmd,
+    scalar_engine,
+    scalar_tensor_tensor,
+    select_reduce,
+    sequence_bounds,
+    tensor_copy,
+    tensor_copy_dynamic_dst,
+    tensor_copy_dynamic_src,
+    tensor_copy_predicated,
+    tensor_engine,
+    tensor_partition_reduce,
+    tensor_reduce,
+    tensor_scalar,
+    tensor_scalar_reduce,
+    tensor_tensor,
+    tensor_tensor_scan,
+    unknown_engine,
+    vector_engine,
+)
