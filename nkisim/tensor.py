@@ -87,7 +87,7 @@ class Allocation:
     __slots__ = ("id", "buffer", "name", "key", "row_bytes", "p_base", "shadow", "param",
                  "mutable", "live", "pbytes", "banks", "loop", "file", "line", "direct",
                  "dtype", "shape", "epoch", "hi", "gen", "full", "uniform", "taint",
-                 "adopted", "__weakref__")
+                 "adopted", "store", "__weakref__")
 
     def __init__(self, buffer, name, dtype, shape):
         self.buffer = buffer          # "hbm" | "sbuf" | "psum"
@@ -115,6 +115,7 @@ class Allocation:
         self.uniform = None           # the epoch of every shadow element, when known
         self.taint = None             # the uninitialized read its never-written values came from
         self.adopted = False          # storage adopted from an instruction, not yet "written"
+        self.store = None             # a lazy shadow's tile storage (see checks.LAZY)
 
 
 _ids = iter(range(1, 1 << 62))
@@ -280,21 +281,30 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
     if paxis:
         perm = tuple(range(1, paxis + 1)) + (0,) + tuple(range(paxis + 1, len(shape)))
         arr = arr.transpose(perm)
+    shadow = None
     if adopted:
         # the instruction's values are the storage: its write (the next call, ``write(t,
         # storage)``) only has to stamp the shadow, done here with the summaries a whole-tile
         # write leaves (nkisim.checks.check_write), so that write returns at once
         a.adopted = True
-        if run.checks:
-            a.shadow = np.full(shape, run.epoch, np.int32)
-            a.gen, a.full, a.uniform = 1, True, run.epoch
+    if run.checks and not paxis:
+        # A lazy shadow (nkisim.checks.LAZY): every element has the epoch ``uniform`` until a
+        # write covers part of the tile; most tiles are written whole (an instruction's result,
+        # a PSUM accumulator), so their int32-per-element shadow is never filled (issue 12).
+        a.store = arr
+        shadow = checks.LAZY
+        if adopted or fill is not None:
+            a.gen, a.full, a.uniform = 1, True, run.epoch     # written whole
+        else:
+            a.uniform = 0                                     # never written
     elif run.checks:
-        if fill is not None:
+        if adopted or fill is not None:
             a.shadow = np.full(shape, run.epoch, np.int32)
             a.gen, a.full, a.uniform = 1, True, run.epoch     # written whole (nkisim.checks)
         else:
             a.shadow = np.zeros(shape, np.int32) if poison else np.empty(shape, np.int32)
-    t = Tensor(arr, a.shadow, a, dt, shape, paxis, None)
+        shadow = a.shadow
+    t = Tensor(arr, shadow, a, dt, shape, paxis, None)
     # an instruction's result tile is provisional: `dst[...] = op(...)` retargets it (memory.py)
     run.memory.allocate(a, t, provisional=not api.startswith("nl."))
     return t
@@ -413,14 +423,14 @@ def register_ops(module) -> None:
 class Tensor:
     """An NKI tensor or a view of one (``nki.tensor`` in the real API)."""
 
-    __slots__ = ("_arr", "_w", "root", "dtype", "shape", "paxis", "_idx", "_slots", "_producer",
+    __slots__ = ("_arr", "_ws", "root", "dtype", "shape", "paxis", "_idx", "_slots", "_producer",
                  "_inplace", "_off", "_oob", "_mask", "_reduce", "_region", "__weakref__")
     __array_priority__ = 1000
 
     def __init__(self, arr, shadow, root, dtype, shape, paxis, idx, off=0):
         self._off = off             # byte offset of the view's first element in the storage
         self._arr = arr
-        self._w = shadow
+        self._ws = shadow           # the write-epoch shadow (``_w``), None, or checks.LAZY
         self.root = root
         self.dtype = dtype
         self.shape = tuple(shape)
@@ -433,6 +443,16 @@ class Tensor:
         self._mask = None           # the mask the last masked write of this view used
         self._reduce = None         # ALU op of a pending `dst[...] = nl.loop_reduce(...)`
         self._region = None         # region(self), once computed (a view's place is fixed)
+
+    @property
+    def _w(self):
+        """The write epochs of the view's elements (nkisim.checks), None without checks."""
+        w = self._ws
+        return checks.lazy_view(self) if w is checks.LAZY else w
+
+    @_w.setter
+    def _w(self, value):
+        self._ws = value
 
     # --- nki.tensor API (ref §1.2) ---
     @property
@@ -478,7 +498,8 @@ class Tensor:
                                     f"dimension ({self.shape[0]})")
         try:
             arr = self._arr.reshape(shape)
-            w = None if self._w is None else self._w.reshape(shape)
+            w = self._ws if self._ws is None or self._ws is checks.LAZY else \
+                self._ws.reshape(shape)
         except (ValueError, AttributeError):
             raise nki_error("nkisim_unsupported", what=f"reshape of the strided view of "
                             f"`{self.name}`", why="reshape the whole tensor, then slice") from None
@@ -495,7 +516,7 @@ class Tensor:
         if arr.shape != self._arr.shape:
             raise nki_error("nkisim_unsupported", what="view() to a dtype of another size",
                             why="reinterpreting must keep the element count")
-        return Tensor(arr, self._w, self.root, dt, self.shape, self.paxis, None, self._off)
+        return Tensor(arr, self._ws, self.root, dt, self.shape, self.paxis, None, self._off)
 
     def astype(self, dtype):
         nl = _ops
@@ -516,7 +537,8 @@ class Tensor:
         src = self.shape if len(self.shape) >= 2 else (self.shape[0], 1)
         try:
             arr = np.broadcast_to(self._arr.reshape(src), shape)
-            w = None if self._w is None else np.broadcast_to(self._w.reshape(src), shape)
+            w = self._ws if self._ws is None or self._ws is checks.LAZY else \
+                np.broadcast_to(self._ws.reshape(src), shape)
         except ValueError:
             raise nki_error("nkisim_shape_mismatch", params=f"src{shape_str(self.shape)}",
                             api="broadcast_to",
@@ -530,7 +552,8 @@ class Tensor:
     def expand_dims(self, axis):
         self._plain("expand_dims")
         arr = np.expand_dims(self._arr, axis)
-        w = None if self._w is None else np.expand_dims(self._w, axis)
+        w = self._ws if self._ws is None or self._ws is checks.LAZY else \
+            np.expand_dims(self._ws, axis)
         return Tensor(arr, w, self.root, self.dtype, arr.shape, self.paxis, None, self._off)
 
     def assert_shape(self, shape):
@@ -569,7 +592,8 @@ class Tensor:
         if kind == "basic":
             src = self._arr
             arr = src[k + (Ellipsis,)]     # all-int keys: a 0-d view, not a NumPy scalar
-            w = None if self._w is None else self._w[k + (Ellipsis,)]
+            w = self._ws if self._ws is None or self._ws is checks.LAZY else \
+                self._ws[k + (Ellipsis,)]
             off = self._off
             for x, st in zip(k, src.strides):
                 off += (x.start if isinstance(x, slice) else x) * st
@@ -585,7 +609,7 @@ class Tensor:
         shape = ishape
         if len(k) < len(self.shape):
             shape = shape + self.shape[len(k):]
-        t = Tensor(self._arr, self._w, self.root, self.dtype, shape,
+        t = Tensor(self._arr, self._ws, self.root, self.dtype, shape,
                    None if self.paxis is None else 0, k, self._off)
         if oob:
             bad = np.zeros(ishape, bool)
@@ -721,7 +745,7 @@ def read(t: Tensor, api: str, run=None) -> np.ndarray:
     """
     if t._oob is not None:
         _check_oob(t, _active_mask(t.shape))
-    if t._w is not None:
+    if t._ws is not None:
         run = run or context.current()
         try:
             checks.check_read(run, t, api)
@@ -779,7 +803,7 @@ def elementwise_taint(run, src: Tensor) -> None:
     copy): exactly the result elements whose ``src`` element holds a never-written value are
     never-written (AWS's reference/allocated_fused_linear.py copies a PSUM tile whose last
     columns are garbage to SBUF, then stores only the valid columns with a mask)."""
-    if run.taint is None or src._w is None:
+    if run.taint is None or src._ws is None:
         return
     bad = checks.shadow_view(src) == 0
     run.taint = (ElementTaint(np.ascontiguousarray(bad)), run.taint[1])
@@ -807,8 +831,9 @@ def _apply_taint(run, t: Tensor, api: str, mask) -> None:
     if t.root.buffer == "hbm":
         run.taint = None
         raise origin
-    if t._w is None:
+    if t._ws is None:
         return
+    checks.materialize(t.root)
     shape = t.shape
     bad = np.ones(shape, bool)
     if isinstance(rows, ElementTaint):
@@ -832,7 +857,7 @@ def _apply_taint(run, t: Tensor, api: str, mask) -> None:
 def inherit_taint(dst: Tensor, src: Tensor) -> None:
     """``dst`` was written with ``src``'s values without a read (a retargeted instruction, the
     matmul accumulation): its never-written elements stay never-written."""
-    if src._w is None or dst._w is None or getattr(src.root, "taint", None) is None:
+    if src._ws is None or dst._ws is None or getattr(src.root, "taint", None) is None:
         return            # (only a tensor that holds never-written values has a taint)
     w = checks.shadow_view(src)
     if w.size and int(w.min()) == 0:
@@ -967,8 +992,12 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
         t._mask = np.broadcast_to(mask, t.shape)
     elif t._mask is not None:
         t._mask = None
+    lazy = t._ws is checks.LAZY and root.shadow is None
+    if lazy and (mask is not None or not checks._covers(t)):
+        checks.materialize(root)          # a partial write: element-wise epochs from now on
+        lazy = False
     keep = False      # True: an accumulation keeps its group's first epoch (nkisim.checks)
-    if t._w is not None:
+    if t._ws is not None:
         keep = checks.check_write(run, t if mask is None else _masked_shadow_view(t, t._mask,
                                                                                  run),
                                   api, accumulate,
@@ -993,7 +1022,7 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
         else:
             sel = tuple(np.broadcast_to(i, t.shape)[m] for i in _full_idx(idx, t))
             t._arr[sel] = v[m]
-    if t._w is not None and not keep:
+    if t._ws is not None and not keep and not lazy:     # (lazy: check_write set `uniform`)
         if mask is None:
             if idx is None:
                 t._w[...] = run.epoch
@@ -1154,7 +1183,7 @@ def _loop_reduce_into(run, dst: Tensor, value: Tensor) -> None:
     reduction across the loop (exempt from the race checks, like ``acc += x``)."""
     nl = _ops
     name, value._reduce = value._reduce, None
-    if dst._w is not None:
+    if dst._ws is not None:
         checks.check_read(run, dst, "loop_reduce", accumulate=True)
     a = dtypes.to_f32(read(value, "loop_reduce", run))
     b = dtypes.to_f32(values(dst))
@@ -1182,7 +1211,7 @@ def inplace(t: Tensor, other, opname: str) -> Tensor:
                      "is rounded")
         cur = values(t)
         fresh = None
-        if t._w is not None:     # the associative accumulation is exempt from race checks
+        if t._ws is not None:    # the associative accumulation is exempt from race checks
             root = t.root
             # every element written (the tensor's summaries, nkisim.checks): no scan
             written = root.full is True or (root.uniform is not None and root.uniform > 0)
