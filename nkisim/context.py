@@ -72,6 +72,7 @@ class Loop:
     first_epoch: int = 0      # epoch of iteration 0 (epochs of this activation are >= it)
     parent_epoch: int = 1     # epoch of the context the loop runs in
     scope: list = field(default_factory=list)   # allocations made in the current iteration
+    key: tuple = ()           # ((loop id, kind, iteration), ...) of the stack, outermost first
 
 
 @dataclass(slots=True, eq=False)
@@ -109,7 +110,6 @@ class Run:
     #                                                   instruction (nkisim.tensor.read/write)
     rng: object = None                                # nl.rand / dropout generator (nl._rng)
     vector_acc: dict = field(default_factory=dict)    # VectorE accumulators (isa._accumulate)
-    loops_key: tuple = (0, ())                        # (epoch, the loops tuple record() stores)
 
     # ---- loops and epochs ----
     def new_epoch(self, loop: Loop, iteration: int) -> int:
@@ -137,10 +137,13 @@ class Run:
 
     def record(self, op, engine, reads, writes, dtype, partitions, free, detail=None) -> Instr:
         file, line = caller_location()
-        epoch, loops = self.loops_key        # the loop stack changes only with the epoch
-        if epoch != self.epoch:
-            loops = tuple((lp.id, lp.kind, lp.iteration) for lp in self.loops)
-            self.loops_key = (self.epoch, loops)
+        stack = self.loops
+        if not stack:
+            loops = ()
+        else:           # the innermost loop keeps the stack's tuple for its current iteration
+            loops = stack[-1].key
+            if stack[-1].epoch != self.epoch or len(loops) != len(stack):
+                loops = tuple((lp.id, lp.kind, lp.iteration) for lp in stack)
         instr = Instr(op, engine, tuple(reads), tuple(writes), dtype, partitions, free,
                       detail if detail is not None else {}, loops, file, line)
         self.trace.append(instr)

@@ -135,11 +135,16 @@ def _tile_shape(x: Tensor) -> tuple:
 
 
 def _detail(*tiles, inputs=None):
-    d = {"inputs": len(tiles) if inputs is None else inputs,
-         "psum_in": builtins.any(t.root.buffer == "psum" for t in tiles),
-         "all_16bit": builtins.all(t.dtype in dtypes.SIXTEEN_BIT for t in tiles),
-         "contiguous": builtins.all(_contiguous(t) for t in tiles)}
-    return d
+    psum_in, all_16bit, contiguous = False, True, True       # (plain loop: per instruction)
+    for t in tiles:
+        if t.root.buffer == "psum":
+            psum_in = True
+        if t.dtype not in dtypes.SIXTEEN_BIT:
+            all_16bit = False
+        if contiguous and not _contiguous(t):
+            contiguous = False
+    return {"inputs": len(tiles) if inputs is None else inputs, "psum_in": psum_in,
+            "all_16bit": all_16bit, "contiguous": contiguous}
 
 
 def _contiguous(t: Tensor) -> bool:
@@ -287,11 +292,13 @@ def _loop(kind, args, make_index):
     loop.parent_epoch = run.epoch
     run.loops.append(loop)
     memory = run.memory
+    outer = tuple((lp.id, lp.kind, lp.iteration) for lp in run.loops[:-1])
     try:
         for i in r:
             if loop.iteration >= 0:
                 memory.end_iteration(loop)
             loop.iteration = i
+            loop.key = outer + ((loop.id, kind, i),)      # for the trace (Run.record)
             e = run.new_epoch(loop, i)
             if loop.first_epoch == 0:
                 loop.first_epoch = e
