@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from . import checks, context, dtypes
+from . import checks, context, dtypes, psum_init
 from .errors import nki_error, shape_str
 from .indexing import IndexExpr, normalize_key, split_shape
 from .trace import Region
@@ -1173,6 +1173,8 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
                 t._w[sel] = run.epoch
     if run.taint is not None:
         _apply_taint(run, t, api, mask)
+    if root.buffer == "psum" and api != "nc_matmul" and psum_init.tracked(root):
+        psum_init.clear(t, mask)     # a non-matmul write ends the accumulation group
 
 
 def _full_idx(idx, t):
