@@ -352,6 +352,14 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
             _onchip(o, api, param)
         _fp32_operand(o, api, param)
     _no_gpsimd_psum(api, eng, dst=dst, data=data, operand0=operand0, operand1=operand1)
+    if eng == _core.engine.scalar and context.current().arch.nc_version == 3:
+        # "On trn2 the Scalar Engine only accepts (mul, add), (mul, None) and (add, None)"
+        # (STUB-R32 tensor_scalar; spec §2.4)
+        pair = (_core._alu_name(_tok(op0), api),
+                None if op1 is None else _core._alu_name(_tok(op1), api))
+        if pair not in (("multiply", "add"), ("multiply", None), ("add", None)):
+            raise _invalid(f"{api} on the Scalar engine of gen3 supports (multiply, add), "
+                           f"(multiply, None) and (add, None) as (op0, op1), got {pair}")
     res = _core.tensor_scalar(data, _tok(op0), operand0, reverse0, _tok(op1), operand1, reverse1,
                               dtype=dst.dtype, engine=eng)
     return _into(dst, res, api, name)
@@ -734,7 +742,14 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     _onchip(dst, api, "dst", ("psum",))
     _onchip(stationary, api, "stationary", ("sbuf",))
     _onchip(moving, api, "moving", ("sbuf",))
-    if dst.dtype != np.dtype(np.float32):
+    if is_transpose:
+        # a PE transpose (stationary.T @ identity) keeps the data's dtype, as nc_transpose
+        # does ("dst.dtype must equal data.dtype"); AWS's nki-library core/max/cascaded_max.py
+        # transposes into a PSUM tile of the value's dtype with is_transpose=True
+        if dst.dtype != stationary.dtype:
+            raise _invalid(f"{api} with is_transpose=True: dst dtype {dtypes.name(dst.dtype)} "
+                           f"must equal the stationary dtype {dtypes.name(stationary.dtype)}")
+    elif dst.dtype != np.dtype(np.float32):
         gen = nc_version(run.arch.nc_version).name
         raise _invalid(f"{api} dst dtype must be float32 on {gen}, got "
                        f"{dtypes.name(dst.dtype)}")

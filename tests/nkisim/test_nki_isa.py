@@ -391,6 +391,22 @@ def test_tensor_scalar_scalar_and_vector_operands_with_reverse():
     np.testing.assert_array_equal(k(a, v), bf16((v - a) * np.float32(3.0)))
 
 
+def test_tensor_scalar_on_the_trn2_scalar_engine_takes_mul_add_only():
+    a = rand((8, 8))
+
+    @nki.jit
+    def k(x, op0, op1):
+        c = sb(x.shape)
+        nisa.tensor_scalar(c, load(x), op0, 2.0, op1=op1, operand1=None if op1 is None else 1.0,
+                           engine=nisa.engine.scalar)
+        return out_of(c)
+
+    np.testing.assert_array_equal(k(a, ops.multiply, ops.add), a * 2 + 1)
+    np.testing.assert_array_equal(k(a, ops.add, None), a + 2)
+    with pytest.raises(AssertionError, match="Scalar engine of gen3 supports"):
+        k(a, ops.maximum, None)
+
+
 def test_tensor_scalar_vector_operand_must_be_fp32():
     @nki.jit
     def k(x, s):
@@ -815,6 +831,22 @@ def test_nc_transpose_tensor_engine_writes_psum_only():
         k(rand((128, 64)))
 
 
+def test_nc_transpose_explicit_engine_is_ignored_before_0_4(monkeypatch):
+    # RN 2.30: before 0.4.0 an explicit engine was silently ignored (the shape decides)
+    @nki.jit
+    def k(x):
+        p = ps((64, 128))
+        nisa.nc_transpose(p, load(x), engine=nisa.engine.vector)
+        return out_of(p)
+
+    a = rand((128, 64))
+    with pytest.raises(Exception, match="vector engine"):
+        k(a)
+    monkeypatch.setenv("NKISIM_NKI_VERSION", "0.3")
+    np.testing.assert_array_equal(k(a), a.T)
+    assert one("nc_transpose").engine == "tensor"
+
+
 def test_nc_transpose_vector_engine_in_sbuf():
     a = rand((32, 20))
 
@@ -970,6 +1002,26 @@ def test_matmul_memory_and_dtype_rules(case, match):
 
     with pytest.raises(nisa.NkiValidationError, match=match):
         k(W, X)
+
+
+def test_matmul_is_transpose_keeps_the_data_dtype():
+    a = rand((64, 32)).astype(BF16)
+
+    @nki.jit
+    def k(x, ident):
+        p = ps((32, 64), BF16)
+        nisa.nc_matmul(p, load(x), load(ident), is_transpose=True)
+        return out_of(p)
+
+    np.testing.assert_array_equal(k(a, np.eye(64, dtype=BF16)), a.T)
+
+    @nki.jit
+    def k2(x, ident):
+        nisa.nc_matmul(ps((32, 64)), load(x), load(ident), is_transpose=True)
+
+    with pytest.raises(AssertionError, match="dst dtype float32 must equal the stationary "
+                                             "dtype bfloat16"):
+        k2(a, np.eye(64, dtype=BF16))
 
 
 def test_matmul_accumulate_must_be_a_bool_or_none():
