@@ -1024,6 +1024,32 @@ def test_matmul_is_transpose_keeps_the_data_dtype():
         k2(a, np.eye(64, dtype=BF16))
 
 
+def test_core_constraint_errors_are_validation_errors_of_their_own_class_too():
+    # contraction (partition) sizes 8 and 16 differ: the core's check, raised through the face
+    @nki.jit
+    def k(w, x):
+        nisa.nc_matmul(ps((32, 16)), load(w), load(x))
+
+    with pytest.raises(nisa.NkiValidationError, match="\\[8, 32\\].*\\[16, 16\\]") as e:
+        k(W, rand((16, 16)))
+    assert isinstance(e.value, AssertionError) and isinstance(e.value, ValueError)
+    assert e.value.nki_code == "nkisim_matmul_contraction_mismatch"
+
+
+def test_kernel_checks_are_not_validation_errors():
+    # reading never-written SBUF into an output is the uninitialised-read check, not a
+    # hardware constraint
+    @nki.jit
+    def k(x):
+        c = sb(x.shape)
+        nisa.tensor_tensor(c, load(x), sb(x.shape), ops.add)
+        return out_of(c)
+
+    with pytest.raises(ValueError) as e:
+        k(rand((4, 4)))
+    assert not isinstance(e.value, nisa.NkiValidationError)
+
+
 def test_matmul_accumulate_must_be_a_bool_or_none():
     @nki.jit
     def k(w, x):
