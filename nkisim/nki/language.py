@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import builtins
 import inspect
+import math
 import os
 import warnings
 
@@ -180,8 +181,35 @@ def ndarray(shape, dtype, buffer=sbuf, name="", address=None):
     buf = _check_buffer(buffer, "nl.ndarray")
     if address is not None:
         buf = _placed(buf, address, shape, dtype)
-    return _allocate(_shape(shape, "nl.ndarray"), dtype, buffer=buf, name=name,
-                         api="nl.ndarray")
+    t = _allocate(_shape(shape, "nl.ndarray"), dtype, buffer=buf, name=name, api="nl.ndarray")
+    if address is not None:
+        _share_shadow(t, buf)
+    return t
+
+
+def _share_shadow(t, buf):
+    """Placed tensors share storage; they must share what nkisim knows of it too (which
+    elements were written). The same placement (address, shape, dtype) shares the shadow; a
+    partial overlap counts the overlapping tensors as written (no false uninitialised-read
+    error; a missed one is possible)."""
+    run = context.current()
+    if t._w is None:
+        return
+    placed = run.direct_sites.setdefault(("nki.language placed tensors",), [])
+    nbytes = math.prod(t.shape[1:]) * t._arr.itemsize
+    me = (buf.kind, buf.base_partition, buf.base_partition + t.shape[0], buf.base_addr,
+          buf.base_addr + nbytes, t.shape, t.dtype)
+    for other, root in placed:
+        if other[0] != me[0] or other[2] <= me[1] or me[2] <= other[1] or \
+                other[4] <= me[3] or me[4] <= other[3]:
+            continue
+        if other[1:] == me[1:]:
+            t.root.shadow = t._w = root.shadow
+            return
+        for sh in (root.shadow, t._w):
+            if sh is not None:
+                np.maximum(sh, run.epoch, out=sh)
+    placed.append((me, t.root))
 
 
 def _shape(shape, api):
