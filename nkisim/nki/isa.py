@@ -21,11 +21,20 @@ import math
 
 import numpy as np
 
-from .. import context, dtypes, psum_init
+from .. import checks, context, dtypes, psum_init
 from .. import engines as _core
 from .. import ops as _ops
 from ..errors import nki_error, shape_str
-from ..tensor import Tensor, assign, fit, inherit_taint, region, values, write
+from ..tensor import (
+    Tensor,
+    _masked_shadow_view,
+    assign,
+    fit,
+    inherit_taint,
+    region,
+    values,
+    write,
+)
 from ._version import at_least
 
 # ---------------------------------------------------------------------------------------------
@@ -748,8 +757,6 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
                      "accumulate=False (nki.isa.nc_matmul docs)")
     else:
         add = np.zeros(dst.shape, bool)
-    from .. import checks
-    from ..tensor import _masked_shadow_view
     if add.any():
         # the accumulation reads the partial sums: exempt from the race checks, as for
         # `psum += nisa.nc_matmul(...)` (an associative reduction)
@@ -757,13 +764,17 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         if dst._w is not None and chk.any():
             checks.check_read(run, dst if chk.all() else _masked_shadow_view(dst, chk, run),
                               "nc_matmul (accumulate)", accumulate=True)
-        cur = np.asarray(values(dst), np.float32)
-        vals = cur + inc if add.all() else np.where(add, cur + inc, inc)
-        write(dst, vals, api, accumulate=True, run=run)
+        if add.all() and dst._idx is None and values(dst).dtype == np.float32:
+            write(dst, None, api, accumulate=True, run=run, add=inc)    # in place, one pass
+        else:
+            cur = np.asarray(values(dst), np.float32)
+            vals = cur + inc if add.all() else np.where(add, cur + inc, inc)
+            write(dst, vals, api, accumulate=True, run=run)
     else:
         write(dst, inc, api, run=run)
     inherit_taint(dst, res)
-    psum_init.mark(dst)
+    if not init.all():
+        psum_init.mark(dst)
     instr.writes = (region(dst),)
     instr.detail["accumulate"] = bool(add.any())
     run.memory.release(res.root)

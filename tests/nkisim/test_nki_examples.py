@@ -1,31 +1,30 @@
 """The worked examples of shared/spec/nki-current.md §5 (vector add, transpose, conv2d + bias +
 max-pool) in the current dialect, against NumPy.
 
-The kernels are the spec's own code (written for the spec, not AWS's), run with ``nki.isa`` from
-nkisim.nki.isa. Spec §5.0 checked them against a NumPy mock of the documented semantics; here
-they run on nkisim and must match NumPy references computed independently.
+The kernels are the spec's own code (written for the spec, not AWS's), run through the current
+face exactly as a user runs them: ``@nki.jit`` kernels called through ``nki.simulate``, with
+``nki.language`` and ``nki.isa``. Spec §5.0 checked them against a NumPy mock of the documented
+semantics; here they run on nkisim and must match NumPy references computed independently.
 """
 
 import numpy as np
 import pytest
 
+import nkisim.nki as nki
 from nkisim.nki import isa as nisa
-from nkisim.runtime import Kernel, simulate
-from nkisim.tensor import Tensor
-
-nl = pytest.importorskip("nkisim.nki.language")
-if not hasattr(nl, "ndarray"):          # the language face is not there yet: the core's names
-    from nkisim import ops as nl
+from nkisim.nki import language as nl
+from nkisim.runtime import last_run
 
 RNG = np.random.default_rng(55)
 
 
 def run(kernel, *args, **kwargs):
-    return simulate(Kernel(kernel), args, kwargs)
+    return nki.simulate(kernel)(*args, **kwargs)
 
 
 # --- §5.1 vector_add_tiled (CS149 Part 1) ----------------------------------------------------
 
+@nki.jit
 def vector_add_tiled(a_vec, b_vec):
     M = a_vec.shape[0]
     P = nl.tile_size.pmax
@@ -51,6 +50,7 @@ def test_vector_add_tiled_matches_numpy():
 
 # --- §5.2 matrix_transpose (nc_transpose path) -----------------------------------------------
 
+@nki.jit
 def matrix_transpose(a_tensor):
     M, N = a_tensor.shape
     T = nl.tile_size.pmax
@@ -75,8 +75,10 @@ def test_matrix_transpose_matches_numpy():
 
 # --- §5.3 conv2d + bias + max-pool (CS149 Part 2 shape) ---------------------------------------
 
-def fused_conv2d_maxpool(X, W, bias, pool_size=1, explicit=True):
-    # `explicit`: the spec's accumulate=(step > 0), or its note [t]'s alternative, None
+@nki.jit
+def fused_conv2d_maxpool(X, W, bias, pool_size=1, explicit=True, bias_tt=False):
+    # `explicit`: the spec's accumulate=(step > 0), or its note [t]'s alternative, None;
+    # `bias_tt`: note [u]'s alternative, tensor_tensor with a stride-0 .ap() bias
 
     B, C_in, H, Wd = X.shape
     C_out, _, K, _ = W.shape
@@ -123,7 +125,11 @@ def fused_conv2d_maxpool(X, W, bias, pool_size=1, explicit=True):
                                            accumulate=(step > 0) if explicit else None)
                             step += 1
                 conv = nl.ndarray((P, R, OW), dtype=X.dtype, buffer=nl.sbuf)
-                nisa.tensor_scalar(dst=conv, data=ps, op0=nl.add, operand0=b_f32)
+                if bias_tt:
+                    b_bc = b_f32.ap([[1, P], [0, R], [0, OW]])      # stride 0: broadcast
+                    nisa.tensor_tensor(dst=conv, data1=ps, data2=b_bc, op=nl.add)
+                else:
+                    nisa.tensor_scalar(dst=conv, data=ps, op0=nl.add, operand0=b_f32)
                 if pool_size == 1:
                     nisa.dma_copy(dst=X_out[b, cos, r0:r0 + R, :], src=conv)
                 else:
@@ -153,10 +159,19 @@ def conv_reference(X, W, bias, pool):
 @pytest.mark.parametrize("pool", [1, 2])
 @pytest.mark.parametrize("explicit", [True, False], ids=["accumulate_i_gt_0", "accumulate_None"])
 def test_conv2d_maxpool_matches_numpy(pool, explicit):
-    if pool == 2 and not hasattr(Tensor, "ap"):
-        pytest.skip("needs the tensor views' .ap() (the language face's branch, nkilang)")
     X = RNG.normal(size=(2, 256, 10, 12)).astype(np.float32)
     W = (RNG.normal(size=(256, 256, 3, 3)) / 48).astype(np.float32)
     bias = RNG.normal(size=256).astype(np.float32)
     out = run(fused_conv2d_maxpool, X, W, bias, pool_size=pool, explicit=explicit)
     np.testing.assert_allclose(out, conv_reference(X, W, bias, pool), rtol=1e-4, atol=1e-4)
+    mm = [i for i in last_run().trace.instrs if i.op == "nc_matmul"]
+    assert len(mm) == 2 * 2 * 2 * 9 and [i.detail["accumulate"] for i in mm[:9]] == \
+        [False] + [True] * 8                   # each PSUM tile: one group of 2 x 9 matmuls
+
+
+def test_conv2d_bias_through_tensor_tensor_and_a_stride_0_ap():
+    X = RNG.normal(size=(1, 128, 6, 8)).astype(np.float32)
+    W = (RNG.normal(size=(128, 128, 3, 3)) / 34).astype(np.float32)
+    bias = RNG.normal(size=128).astype(np.float32)
+    out = run(fused_conv2d_maxpool, X, W, bias, pool_size=2, bias_tt=True)
+    np.testing.assert_allclose(out, conv_reference(X, W, bias, 2), rtol=1e-4, atol=1e-4)

@@ -2,8 +2,8 @@
 
 Truth: the signatures and rules of shared/spec/nki-current.md §2.0/§2.4/§7 (STUB-R32 isa, MIG,
 RN), the accumulate policy of §6 item 5, and NumPy for every value (computed here independently
-of nkisim). Kernels run through the core's runtime (Beta 1 ``jit``) and allocate with the core's
-``ndarray``, so these tests do not depend on the language face.
+of nkisim). Kernels run under ``nki.jit`` (the current face's runtime rules) and allocate with
+the core's ``ndarray``; the trace comparisons run both styles under Beta 1's ``jit``.
 """
 
 import inspect
@@ -14,6 +14,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+import nkisim.nki as nki
 from nkisim import beta1 as b1
 from nkisim import ops
 from nkisim.beta1 import isa as b1isa
@@ -45,7 +46,7 @@ def load(x, dtype=None):
 
 def out_of(t, dtype=None):
     """An HBM output holding tile ``t`` (SBUF; PSUM goes through tensor_copy first)."""
-    if t.buffer == "psum":
+    if t.root.buffer == "psum":
         s = sb(t.shape, t.dtype)
         nisa.tensor_copy(dst=s, src=t)
         t = s
@@ -138,7 +139,7 @@ def test_get_nc_version_reports_the_target(monkeypatch, target, gen):
     monkeypatch.setenv("NKISIM_TARGET", target)
     seen = []
 
-    @b1.jit
+    @nki.jit
     def k():
         seen.append(nisa.get_nc_version())
 
@@ -149,7 +150,7 @@ def test_get_nc_version_reports_the_target(monkeypatch, target, gen):
 
 def test_integer_enum_values_are_rejected():
     # MIG 0.2->0.3: "Integer enum values (for example dge_mode=2) ... are rejected"
-    @b1.jit
+    @nki.jit
     def k(x):
         t = sb(x.shape)
         nisa.dma_copy(dst=t, src=x, dge_mode=2)
@@ -157,7 +158,7 @@ def test_integer_enum_values_are_rejected():
     with pytest.raises(TypeError, match="dge_mode must be a nki.isa.dge_mode member"):
         k(rand((4, 4)))
 
-    @b1.jit
+    @nki.jit
     def k2(x):
         a = load(x)
         nisa.tensor_copy(dst=sb(x.shape), src=a, engine=b1isa.engine.vector)   # Beta 1's enum
@@ -169,7 +170,7 @@ def test_integer_enum_values_are_rejected():
 def test_ops_return_an_instruction_handle_not_a_tile():
     got = []
 
-    @b1.jit
+    @nki.jit
     def k(x):
         a = load(x)
         c = sb(x.shape)
@@ -186,7 +187,7 @@ def test_ops_return_an_instruction_handle_not_a_tile():
 
 
 def test_ops_the_simulator_lacks_say_so():
-    @b1.jit
+    @nki.jit
     def k():
         nisa.dma_compute(None, None, None)
 
@@ -203,7 +204,7 @@ def test_ops_the_simulator_lacks_say_so():
 def test_dma_copy_positional_and_keyword_with_cast():
     a = rand((16, 24))
 
-    @b1.jit
+    @nki.jit
     def k(x):
         t = sb(x.shape, BF16)
         nisa.dma_copy(t, x)                  # positional (dst, src)
@@ -216,7 +217,7 @@ def test_dma_copy_positional_and_keyword_with_cast():
 
 
 def test_dma_copy_never_touches_psum():
-    @b1.jit
+    @nki.jit
     def k(x):
         p = ps(x.shape)
         nisa.memset(p, 0.0)
@@ -228,7 +229,7 @@ def test_dma_copy_never_touches_psum():
 
 
 def test_dma_copy_hwdge_needs_identical_dtypes():
-    @b1.jit
+    @nki.jit
     def k(x):
         t = sb(x.shape, np.float16)
         nisa.dma_copy(dst=t, src=x, dge_mode=nisa.dge_mode.hwdge)
@@ -238,7 +239,7 @@ def test_dma_copy_hwdge_needs_identical_dtypes():
 
 
 def test_dma_copy_priority_is_new_in_0_4(monkeypatch):
-    @b1.jit
+    @nki.jit
     def k(x):
         t = sb(x.shape)
         nisa.dma_copy(dst=t, src=x, priority=1)
@@ -254,7 +255,7 @@ def test_dma_copy_priority_is_new_in_0_4(monkeypatch):
 def test_tensor_copy_casts_to_dst_dtype_and_evicts_psum():
     a = rand((32, 40), -300, 300)
 
-    @b1.jit
+    @nki.jit
     def k(x):
         p = ps(x.shape)
         nisa.tensor_copy(p, load(x))
@@ -267,7 +268,7 @@ def test_tensor_copy_casts_to_dst_dtype_and_evicts_psum():
 
 
 def test_tensor_copy_on_gpsimd_cannot_read_psum():
-    @b1.jit
+    @nki.jit
     def k(x):
         p = ps(x.shape)
         nisa.tensor_copy(p, load(x))
@@ -280,7 +281,7 @@ def test_tensor_copy_on_gpsimd_cannot_read_psum():
 def test_dma_transpose_exact_shape_until_0_6(monkeypatch):
     a = rand((24, 16))
 
-    @b1.jit
+    @nki.jit
     def k(x, shape):
         t = sb(shape)
         nisa.dma_transpose(dst=t, src=x)
@@ -304,7 +305,7 @@ def test_dma_transpose_exact_shape_until_0_6(monkeypatch):
 def test_tensor_tensor_against_numpy(op, fn, dt):
     a, b = rand((64, 3, 10)), rand((64, 3, 10))
 
-    @b1.jit
+    @nki.jit
     def k(x, y):
         c = sb(x.shape, dt)
         nisa.tensor_tensor(c, load(x), load(y), op)
@@ -319,7 +320,7 @@ def test_tensor_tensor_against_numpy(op, fn, dt):
 def test_tensor_tensor_same_elements_per_partition_other_shape():
     a, b = rand((8, 12)), rand((8, 3, 4))
 
-    @b1.jit
+    @nki.jit
     def k(x, y):
         c = sb((8, 12))
         nisa.tensor_tensor(dst=c, data1=load(x), data2=load(y), op=ops.multiply)
@@ -329,7 +330,7 @@ def test_tensor_tensor_same_elements_per_partition_other_shape():
 
 
 def test_tensor_tensor_does_not_broadcast():
-    @b1.jit
+    @nki.jit
     def k(x, y):
         nisa.tensor_tensor(sb((8, 12)), load(x), load(y), ops.add)
 
@@ -338,7 +339,7 @@ def test_tensor_tensor_does_not_broadcast():
 
 
 def test_tensor_tensor_inputs_not_both_in_psum():
-    @b1.jit
+    @nki.jit
     def k(x):
         p1, p2 = ps(x.shape), ps(x.shape)
         nisa.tensor_copy(p1, load(x))
@@ -350,7 +351,7 @@ def test_tensor_tensor_inputs_not_both_in_psum():
 
 
 def test_tensor_tensor_gpsimd_never_psum():
-    @b1.jit
+    @nki.jit
     def k(x):
         p = ps(x.shape)
         nisa.tensor_tensor(p, load(x), load(x), ops.add, engine=nisa.engine.gpsimd)
@@ -364,7 +365,7 @@ def test_partition_limit_message_matches_the_simulator_docs():
     # No allocation gives 256 partitions, so build such a view over a real tile's storage.
     from nkisim.tensor import Tensor
 
-    @b1.jit
+    @nki.jit
     def k(x):
         a = load(x)
         big = Tensor(np.zeros((256, 4), np.float32), None, a.root, a.dtype, (256, 4), 0, None)
@@ -379,7 +380,7 @@ def test_tensor_scalar_scalar_and_vector_operands_with_reverse():
     a = rand((16, 20))
     v = rand((16, 1), 1, 2)
 
-    @b1.jit
+    @nki.jit
     def k(x, s):
         c = sb(x.shape, BF16)
         nisa.tensor_scalar(c, load(x), ops.subtract, load(s), True, ops.multiply, 3.0)
@@ -389,7 +390,7 @@ def test_tensor_scalar_scalar_and_vector_operands_with_reverse():
 
 
 def test_tensor_scalar_vector_operand_must_be_fp32():
-    @b1.jit
+    @nki.jit
     def k(x, s):
         nisa.tensor_scalar(sb(x.shape), load(x), ops.add, load(s, np.float16))
 
@@ -401,7 +402,7 @@ def test_scalar_tensor_tensor_against_numpy():
     a, b = rand((16, 20)), rand((16, 20))
     v = rand((16, 1))
 
-    @b1.jit
+    @nki.jit
     def k(x, y, s):
         c = sb(x.shape)
         nisa.scalar_tensor_tensor(dst=c, data=load(x), op0=ops.multiply, operand0=load(s),
@@ -414,7 +415,7 @@ def test_scalar_tensor_tensor_against_numpy():
 def test_tensor_tensor_scan_against_numpy():
     a, b = rand((8, 10)), rand((8, 10))
 
-    @b1.jit
+    @nki.jit
     def k(x, y):
         c = sb(x.shape)
         nisa.tensor_tensor_scan(c, load(x), load(y), 0.5, ops.multiply, ops.add)
@@ -431,7 +432,7 @@ def test_tensor_tensor_scan_against_numpy():
 def test_reciprocal_against_numpy():
     a = rand((8, 10), 0.5, 4)
 
-    @b1.jit
+    @nki.jit
     def k(x):
         c = sb(x.shape)
         nisa.reciprocal(c, load(x))
@@ -445,7 +446,7 @@ def test_activation_scale_bias_and_reduce():
     bias = rand((32, 1))
     scale = rand((32, 1), 0.5, 1.5)
 
-    @b1.jit
+    @nki.jit
     def k(x, b, s):
         c = sb(x.shape, BF16)
         r = sb((32, 1))
@@ -462,7 +463,7 @@ def test_activation_scale_bias_and_reduce():
 
 
 def test_activation_reduce_accumulating_commands_are_not_silently_ignored():
-    @b1.jit
+    @nki.jit
     def k(x):
         nisa.activation(sb(x.shape), ops.exp, load(x), reduce_op=ops.add,
                         reduce_res=sb((4, 1)), reduce_cmd=nisa.reduce_cmd.reduce)
@@ -480,7 +481,7 @@ def test_tensor_reduce_over_the_last_free_axes(axis):
     a = rand((8, 3, 4, 5))
     ax = (axis,) if isinstance(axis, int) else axis
 
-    @b1.jit
+    @nki.jit
     def k(x):
         n = tuple(d % 4 for d in ax)
         shape = tuple(s for d, s in enumerate(x.shape) if d not in n)
@@ -496,7 +497,7 @@ def test_tensor_reduce_over_the_last_free_axes(axis):
 def test_tensor_reduce_rejects_axes_that_are_not_the_last(axis):
     # STUB-R32: "the axes must be the last contiguous free dims ending at the final dim";
     # the Beta 1 CS149 max-pool axis=(2, 4) style is invalid
-    @b1.jit
+    @nki.jit
     def k(x):
         nisa.tensor_reduce(sb((8, 1)), ops.maximum, load(x), axis)
 
@@ -507,7 +508,7 @@ def test_tensor_reduce_rejects_axes_that_are_not_the_last(axis):
 def test_tensor_reduce_negate_keepdims_and_cast():
     a = rand((16, 6, 7))
 
-    @b1.jit
+    @nki.jit
     def k(x):
         c = sb((16, 1, 1), BF16)
         nisa.tensor_reduce(dst=c, op=ops.add, data=load(x), axis=(1, 2), negate=True,
@@ -520,7 +521,7 @@ def test_tensor_reduce_negate_keepdims_and_cast():
 def test_tensor_partition_reduce_against_numpy():
     a = rand((32, 10))
 
-    @b1.jit
+    @nki.jit
     def k(x):
         c = sb((1, 10))
         nisa.tensor_partition_reduce(c, ops.add, load(x))
@@ -533,7 +534,7 @@ def test_tensor_partition_reduce_against_numpy():
 def test_tensor_scalar_reduce(with_res):
     a = rand((16, 12))
 
-    @b1.jit
+    @nki.jit
     def k(x):
         c = sb(x.shape)
         r = sb((16, 1)) if with_res else None
@@ -551,7 +552,7 @@ def test_tensor_scalar_reduce(with_res):
 def test_tensor_scalar_reduce_res_is_required_before_0_6(monkeypatch):
     monkeypatch.setenv("NKISIM_NKI_VERSION", "0.5")
 
-    @b1.jit
+    @nki.jit
     def k(x):
         nisa.tensor_scalar_reduce(sb(x.shape), load(x), ops.multiply, 2.0, ops.add)
 
@@ -562,7 +563,7 @@ def test_tensor_scalar_reduce_res_is_required_before_0_6(monkeypatch):
 def test_max8_find_index8_match_replace8():
     a = RNG.permutation(16 * 40).astype(np.float32).reshape(16, 40)
 
-    @b1.jit
+    @nki.jit
     def k(x):
         d = load(x)
         top = sb((16, 8))
@@ -589,7 +590,7 @@ def test_select_reduce_and_range_select():
     a = rand((8, 16))
     pred = (RNG.random((8, 16)) < 0.5).astype(np.uint8)
 
-    @b1.jit
+    @nki.jit
     def k(x, p):
         d = load(x)
         sel = sb(x.shape)
@@ -618,7 +619,7 @@ def test_select_reduce_and_range_select():
 
 
 def test_memset_value_type_must_match_an_integer_dtype():
-    @b1.jit
+    @nki.jit
     def k(v):
         t = sb((4, 8), np.int32)
         nisa.memset(t, v)
@@ -630,7 +631,7 @@ def test_memset_value_type_must_match_an_integer_dtype():
 
 
 def test_memset_float_tile_and_engines():
-    @b1.jit
+    @nki.jit
     def k():
         t = sb((4, 8), BF16)
         nisa.memset(dst=t, value=0, engine=nisa.engine.gpsimd)      # an int 0 on a float tile
@@ -645,7 +646,7 @@ def test_memset_float_tile_and_engines():
 
 
 def test_memset_engine_must_be_vector_or_gpsimd():
-    @b1.jit
+    @nki.jit
     def k():
         nisa.memset(sb((4, 8)), 0.0, engine=nisa.engine.scalar)
 
@@ -654,7 +655,7 @@ def test_memset_engine_must_be_vector_or_gpsimd():
 
 
 def test_iota_pattern_against_numpy():
-    @b1.jit
+    @nki.jit
     def k():
         t = sb((16, 3, 5), np.int32)
         nisa.iota(t, [[10, 3], [-1, 5]], offset=4, channel_multiplier=100)
@@ -669,7 +670,7 @@ def test_iota_pattern_against_numpy():
 
 
 def test_iota_writes_sbuf_only():
-    @b1.jit
+    @nki.jit
     def k():
         nisa.iota(ps((16, 4)), [[1, 4]])
 
@@ -680,7 +681,7 @@ def test_iota_writes_sbuf_only():
 def test_affine_select_causal_mask_against_numpy():
     a = rand((32, 32))
 
-    @b1.jit
+    @nki.jit
     def k(x):
         c = sb(x.shape)
         # keep where q (partition) >= k (free index): p - f >= 0; positional order of 0.3+
@@ -695,7 +696,7 @@ def test_affine_select_causal_mask_against_numpy():
 def test_affine_select_offset_is_a_keyword_with_default_0():
     a = rand((8, 8))
 
-    @b1.jit
+    @nki.jit
     def k(x):
         c = sb(x.shape)
         nisa.affine_select(dst=c, pattern=[[1, 8]], channel_multiplier=0, on_true_tile=load(x),
@@ -710,7 +711,7 @@ def test_tensor_copy_predicated_and_dropout():
     a, b = rand((8, 10)), rand((8, 10))
     pred = (RNG.random((8, 10)) < 0.5).astype(np.uint8)
 
-    @b1.jit
+    @nki.jit
     def k(x, y, p):
         d = load(x)
         nisa.tensor_copy_predicated(d, load(y), load(p), reverse_pred=True)
@@ -729,7 +730,7 @@ def test_tensor_copy_predicated_and_dropout():
 def test_bn_stats_and_bn_aggr_give_mean_and_variance():
     a = rand((16, 64))
 
-    @b1.jit
+    @nki.jit
     def k(x):
         st = sb((16, 6))
         nisa.bn_stats(st, load(x))
@@ -747,7 +748,7 @@ def test_local_gather_and_sequence_bounds():
     index = RNG.integers(0, 20, size=(16, 2)).astype(np.uint16)
     seg = np.array([[1, 1, 2, 2, 2, 0, 3]], np.int32)
 
-    @b1.jit
+    @nki.jit
     def k(s, ix, sg):
         g = sb((16, 32, 1))
         nisa.local_gather(g, load(s), load(ix))
@@ -765,7 +766,7 @@ def test_nc_stream_shuffle_takes_dst_first():
     a = rand((32, 6))
     perm = list(RNG.permutation(32))
 
-    @b1.jit
+    @nki.jit
     def k(x):
         d = sb(x.shape, name="d")
         nisa.memset(d, 0.0)
@@ -784,7 +785,7 @@ def test_nc_stream_shuffle_takes_dst_first():
 def test_nc_transpose_tensor_engine_into_psum():
     a = rand((128, 96)).astype(BF16)
 
-    @b1.jit
+    @nki.jit
     def k(x):
         p = ps((96, 128), BF16)
         nisa.nc_transpose(p, load(x))
@@ -795,7 +796,7 @@ def test_nc_transpose_tensor_engine_into_psum():
 
 
 def test_nc_transpose_dtype_must_match():
-    @b1.jit
+    @nki.jit
     def k(x):
         nisa.nc_transpose(ps((8, 8)), load(x, np.float16))
 
@@ -804,7 +805,7 @@ def test_nc_transpose_dtype_must_match():
 
 
 def test_nc_transpose_tensor_engine_writes_psum_only():
-    @b1.jit
+    @nki.jit
     def k(x):
         nisa.nc_transpose(sb((64, 128)), load(x))
 
@@ -815,7 +816,7 @@ def test_nc_transpose_tensor_engine_writes_psum_only():
 def test_nc_transpose_vector_engine_in_sbuf():
     a = rand((32, 20))
 
-    @b1.jit
+    @nki.jit
     def k(x):
         t = sb((20, 32))
         nisa.nc_transpose(dst=t, data=load(x), engine=nisa.engine.vector)
@@ -832,7 +833,7 @@ def test_nc_transpose_vector_engine_in_sbuf():
 def _mm_kernel(steps):
     """A kernel running ``steps``: ("mm", accumulate, col_slice) or ("memset", v, col_slice)
     on one fresh (32, 16) PSUM tile, with stationary ``w`` (8, 32) and moving ``x`` (8, 16)."""
-    @b1.jit
+    @nki.jit
     def k(w, x):
         ws, xs = load(w), load(x)
         p = ps((32, 16))
@@ -899,7 +900,7 @@ def test_matmul_none_tracks_overlapping_regions_per_element():
 
 def test_matmul_group_survives_reads_of_the_psum_tile():
     # reading PSUM (tensor_copy to SBUF) is not a write: the group continues
-    @b1.jit
+    @nki.jit
     def k(w, x):
         ws, xs = load(w), load(x)
         p = ps((32, 16))
@@ -915,7 +916,7 @@ def test_matmul_group_survives_reads_of_the_psum_tile():
 
 
 def test_matmul_fresh_psum_tile_per_iteration_starts_clean():
-    @b1.jit
+    @nki.jit
     def k(w, x):
         ws, xs = load(w), load(x)
         outs = []
@@ -934,7 +935,7 @@ def test_matmul_3d_moving_window():
     w = rand((16, 32))
     x = rand((16, 6, 10))
 
-    @b1.jit
+    @nki.jit
     def k(wa, xa):
         p = ps((32, 4, 8))
         nisa.nc_matmul(dst=p, stationary=load(wa), moving=load(xa)[:, 1:5, 2:10])
@@ -951,7 +952,7 @@ def test_matmul_3d_moving_window():
     ("shape", "nc_matmul dst shape \\[32, 8\\] does not match the result shape \\[32, 16\\]"),
 ])
 def test_matmul_memory_and_dtype_rules(case, match):
-    @b1.jit
+    @nki.jit
     def k(w, x):
         ws, xs = load(w), load(x)
         if case == "dst_sbuf":
@@ -970,7 +971,7 @@ def test_matmul_memory_and_dtype_rules(case, match):
 
 
 def test_matmul_accumulate_must_be_a_bool_or_none():
-    @b1.jit
+    @nki.jit
     def k(w, x):
         nisa.nc_matmul(ps((32, 16)), load(w), load(x), accumulate=3)
 
@@ -1099,7 +1100,7 @@ def test_trace_of_an_accumulating_matmul_equals_beta1_plus_equals():
 def test_every_instruction_names_dst_as_its_written_region():
     a = rand((16, 8))
 
-    @b1.jit
+    @nki.jit
     def k(x):
         d = load(x)
         target = sb((16, 8), name="target")
@@ -1113,7 +1114,7 @@ def test_every_instruction_names_dst_as_its_written_region():
 
 
 def test_shape_mismatch_between_dst_and_result_is_an_error():
-    @b1.jit
+    @nki.jit
     def k(x):
         nisa.tensor_tensor(sb((16, 4)), load(x), load(x), ops.add)
 
