@@ -51,7 +51,10 @@ from ..ops import (  # noqa: E402,F401
     floor,
     fmod,
     gelu,
+    gelu_apprx_sigmoid,
+    gelu_apprx_sigmoid_dx,
     gelu_apprx_tanh,
+    gelu_dx,
     greater,
     greater_equal,
     invert,
@@ -82,6 +85,7 @@ from ..ops import (  # noqa: E402,F401
     sigmoid,
     sign,
     silu,
+    silu_dx,
     sin,
     softplus,
     sqrt,
@@ -113,6 +117,13 @@ float8_e5m2 = dtypes.float8_e5m2
 float8_e4m3fn = getattr(dtypes, "float8_e4m3fn", np.dtype(ml_dtypes.float8_e4m3fn))
 float8_e8m0fnu = getattr(dtypes, "float8_e8m0fnu", np.dtype(ml_dtypes.float8_e8m0fnu))
 DType = dtype = np.dtype          # annotations: `dtype: nki.dtype = nl.bfloat16`
+# `nl.bool` (nki-library core/utils/kernel_helpers.py returns it for 'bool')
+globals()["bool"] = bool_
+# MX packed types (4 values in 32 bits, 2.27; quantize_mx / nc_matmul_mx): named so kernels
+# import; nkisim does not simulate them, so allocating one is nkisim_operand_dtype.
+float8_e5m2_x4 = np.dtype([("float8_e5m2_x4", "u1", (4,))])
+float8_e4m3fn_x4 = np.dtype([("float8_e4m3fn_x4", "u1", (4,))])
+float4_e2m1fn_x4 = np.dtype([("float4_e2m1fn_x4", "u1", (4,))])
 
 fp32, bfp16 = _ops.fp32, _ops.bfp16
 finfo = _ops.finfo
@@ -346,7 +357,7 @@ def static_range(start, stop=None, step=1):
 def _int_value(x, api):
     """The value of a loop bound: an int, or a register read at run time (nki.isa's
     VirtualRegister; nkisim runs eagerly, so its value is known)."""
-    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+    if isinstance(x, (int, np.integer)) and not isinstance(x, builtins.bool):
         return int(x)
     for attr in ("value", "_value"):
         v = getattr(x, attr, None)
@@ -358,6 +369,12 @@ def _int_value(x, api):
         raise nki_error("nkisim_invalid_argument", api=api,
                         why=f"loop bounds must be ints or registers, got "
                             f"{type(x).__name__}") from None
+
+
+def range(start, stop=None, step=1):  # noqa: A001 - NKI's name
+    """``nl.range``: nki-library's mxfp_load_utils loops with it (a kernel AWS tests on
+    device); an unrolled loop like the other iterators."""
+    return _range("range", start, stop, step)
 
 
 def dynamic_range(start, stop=None, step=1):

@@ -581,3 +581,59 @@ def test_nkiobject_and_typing():
     assert Cfg().tile == 128
     assert nt.tensor[128, 512].shape == (128, 512)
     assert nki.dtype is nl.dtype
+
+
+@pytest.mark.parametrize("name,ref", [
+    # GELU's sigmoid approximation x * sigmoid(1.702 x) (Hendrycks & Gimpel 2016, §2) and the
+    # derivatives of silu / gelu, by central differences of NumPy references
+    ("gelu_apprx_sigmoid", lambda x: x / (1 + np.exp(-1.702 * x))),
+    ("silu_dx", None), ("gelu_apprx_sigmoid_dx", None), ("gelu_dx", None)])
+def test_activation_tokens_of_the_current_language(name, ref):
+    from math import erf
+    fns = {"silu_dx": lambda x: x / (1 + np.exp(-x)),
+           "gelu_apprx_sigmoid_dx": lambda x: x / (1 + np.exp(-1.702 * x)),
+           "gelu_dx": np.vectorize(lambda x: 0.5 * x * (1 + erf(x / np.sqrt(2))))}
+    x = np.linspace(-4, 4, 128 * 8).reshape(128, 8)
+    if ref is None:
+        h = 1e-4
+        expect = (fns[name](x + h) - fns[name](x - h)) / (2 * h)
+    else:
+        expect = ref(x)
+
+    def k(a):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        nisa.activation(dst=t, op=getattr(nl, name), data=nl.load(a))
+        nl.store(out, t)
+        return out
+    np.testing.assert_allclose(run(k, x.astype(np.float32)), expect, rtol=2e-4, atol=2e-5)
+
+
+def test_nl_range_and_bool():
+    seen = []
+
+    def k(a):
+        seen.extend(nl.range(3))
+        return a
+    run(k, rand((1, 1)))
+    assert seen == [0, 1, 2] and getattr(nl, "bool") == np.bool_
+
+
+def test_isa_constants_submodule_through_the_shim():
+    from nkisim import shim
+    import sys
+    saved = {n: m for n, m in sys.modules.items() if n.split(".")[0] in ("nki", "neuronxcc")}
+    was = shim._hook_active(), set(shim._serving)
+    shim.install(force=True)
+    try:
+        from nki.isa import constants
+        from nki.isa.constants import oob_mode
+        assert constants.oob_mode is oob_mode is nisa.oob_mode
+    finally:
+        shim.uninstall()
+        for n in [n for n in sys.modules if n.split(".")[0] in ("nki", "neuronxcc")]:
+            del sys.modules[n]
+        sys.modules.update(saved)
+        if was[0]:
+            shim._serving.update(was[1])
+            sys.meta_path.insert(0, shim._finder)
