@@ -282,20 +282,29 @@ def test_a_real_nki_package_is_detected(tmp_path, monkeypatch):
     assert shim.real_nki_available()
 
 
-def test_neuronxcc_nki_inside_an_nki_kernel(served, monkeypatch):
-    ns = {}
-    exec(compile("import numpy as np\n"
-                 "import neuronxcc.nki.language as bnl\n"
-                 "import nki, nki.language as nl\n"
-                 "def k(a):\n"
-                 "    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)\n"
-                 "    nl.store(out, bnl.load(a))\n"
-                 "    return out\n", "<beta1_in_nki>", "exec"), ns)
-    k = nki.jit(ns["k"])
+def test_neuronxcc_nki_inside_an_nki_kernel(served, monkeypatch, tmp_path):
+    (tmp_path / "beta1_in_nki.py").write_text(
+        "import neuronxcc.nki.language as bnl\n"
+        "from neuronxcc.nki.isa import nc_transpose\n"
+        "import nki, nki.language as nl\n"
+        "def helper(a):\n"
+        "    return bnl.load(a)\n"
+        "def k(a):\n"
+        "    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)\n"
+        "    nl.store(out, helper(a))\n"
+        "    return out\n"
+        "def clean(a):\n"
+        "    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)\n"
+        "    nl.store(out, nl.load(a))\n"
+        "    return out\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("beta1_in_nki")
+    k = nki.jit(mod.k)
     a = rand((128, 4))
-    # 0.4.0+: a compile error (RN 2.30)
-    with pytest.raises(ValueError, match="neuronxcc.nki inside an NKI kernel"):
+    # 0.4.0+: a compile error (RN 2.30), also through a helper the kernel calls
+    with pytest.raises(ValueError, match="`bnl` is neuronxcc.nki.language.*since NKI 0.4.0"):
         k(a)
+    np.testing.assert_array_equal(nki.jit(mod.clean)(a), a)    # a clean kernel of that module
     # 0.3: a deprecation warning, and it runs
     monkeypatch.setenv("NKISIM_NKI_VERSION", "0.3")
     with pytest.warns(DeprecationWarning, match="neuronxcc.nki inside NKI kernels"):
