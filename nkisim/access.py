@@ -86,7 +86,9 @@ def access_pattern(t: Tensor, pattern, offset=0, scalar_offset=None, vector_offs
     shape = tuple(c for _, c in pairs)
     # storage geometry, in bytes
     owner = _owner(t._arr)
-    start = _addr(t._arr) - t._off            # address of the storage's first byte
+    # address of the storage's first byte: a view's _off counts from the start of the memory it
+    # lives in, which for a direct allocation (address=) is the whole SBUF/PSUM byte array
+    start = _addr(t._arr) - t._off + root.base_off
     if onchip:
         P = rshape[0]
         row_bytes = math.prod(rshape[1:]) * rsz   # the tensor's bytes per partition

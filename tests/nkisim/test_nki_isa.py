@@ -1220,3 +1220,23 @@ def test_tensor_copy_dynamic_ops_only_in_0_3(monkeypatch):
     monkeypatch.setenv("NKISIM_NKI_VERSION", "0.3")
     assert callable(nisa.tensor_copy_dynamic_src)
     assert math.isfinite(1.0)
+
+
+def test_writes_through_an_ap_view_of_an_address_placed_tile():
+    # nki-library's TensorView writes through .ap() views of SbufManager tiles placed with
+    # nl.ndarray(address=...): the view must address that tile's own storage
+    from nkisim.nki import language as nl
+    a = np.arange(256, dtype=np.float32).reshape(64, 4)
+
+    @nki.jit
+    def k(x):
+        t = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf, address=(0, 1024))
+        nisa.memset(t, 0.0)
+        s = nl.ndarray((64, 4), dtype=nl.float32, buffer=nl.sbuf, address=(0, 4096))
+        nisa.dma_copy(dst=s, src=x)
+        nisa.tensor_copy(dst=t.ap(pattern=[[8, 64], [1, 4]], offset=64 * 8 + 2), src=s)
+        return out_of(t)
+
+    expect = np.zeros((128, 8), np.float32)
+    expect[64:, 2:6] = a
+    np.testing.assert_array_equal(k(a), expect)
