@@ -137,7 +137,9 @@ def access_pattern(t: Tensor, pattern, offset=0, scalar_offset=None, vector_offs
                 e0 = byte0 // rsz
                 wst = tuple(st // rsz * 4 for st in strides)
             w = as_strided(flat[e0:e0 + 1], shape=shape, strides=wst)
-    v = Tensor(arr, w, root, dt, shape, 0 if onchip else None, None, byte0)
+    # _off counts from the memory the storage lives in, as for every other view (a direct
+    # allocation's views count from the whole SBUF/PSUM byte array: regions, .ap() of a view)
+    v = Tensor(arr, w, root, dt, shape, 0 if onchip else None, None, byte0 + root.base_off)
     if w is None and root.shadow is not None:
         v._w = _bytes_shadow(root, byte0, strides, shape, rsz, onchip, row_bytes if onchip
                              else 0)
