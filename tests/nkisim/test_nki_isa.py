@@ -362,6 +362,32 @@ def test_tensor_tensor_gpsimd_never_psum():
         k(rand((4, 4)))
 
 
+def test_tensor_tensor_power_and_int32_operands_run_on_gpsimd():
+    a, b = rand((8, 6), 0.5, 2), rand((8, 6), 0.5, 2)
+    i, j = RNG.integers(-50, 50, (8, 6)).astype(np.int32), RNG.integers(-50, 50, (8, 6)).astype(
+        np.int32)
+
+    @nki.jit
+    def k(x, y, u, v):
+        c = sb(x.shape)
+        nisa.tensor_tensor(c, load(x), load(y), ops.power)
+        d = sb(u.shape, np.int32)
+        nisa.tensor_tensor(d, load(u), load(v), ops.add)
+        return out_of(c), out_of(d)
+
+    c, d = k(a, b, i, j)
+    np.testing.assert_allclose(c, a ** b, rtol=1e-6)
+    np.testing.assert_array_equal(d, i + j)
+    assert [x.engine for x in instrs("tensor_tensor")] == ["gpsimd", "gpsimd"]
+
+    @nki.jit
+    def k2(x, y):
+        nisa.tensor_tensor(ps(x.shape), load(x), load(y), ops.power)
+
+    with pytest.raises(AssertionError, match="GpSimd engine cannot access PSUM"):
+        k2(a, b)
+
+
 def test_partition_limit_message_matches_the_simulator_docs():
     # SIM: "AssertionError: tensor_tensor data1 partition dimension 256 exceeds maximum 128".
     # No allocation gives 256 partitions, so build such a view over a real tile's storage.
