@@ -94,6 +94,9 @@ class Rules:
     outputs_shared_hbm: bool = False
     # nl.copy's result is in the buffer of its source (nki 0.3-0.5), not always SBUF (§2.3).
     copy_same_buffer: bool = False
+    # nl.affine_range & co. are Python ranges, unrolled (nki 0.3+, §2.0 item 4): a tensor
+    # created in such a loop body is created at kernel level (shared_hbm outputs included).
+    unrolled_loops: bool = False
 
 
 BETA1 = Rules()
