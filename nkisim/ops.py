@@ -548,8 +548,11 @@ def copy(src, *, mask=None, dtype=None, **kwargs):
         elementwise_taint(run, x)
     d = _detail(x)
     d["auto_engine"] = True            # the compiler picks the engine (nkisim.cost)
+    # nki 0.3-0.5: the result is in the source's buffer (ScalarE activation(copy)); Beta 1 and
+    # nki 0.6+: always SBUF (spec nki-current.md §2.3)
+    buf = psum if run.rules.copy_same_buffer and x.root.buffer == "psum" else sbuf
     return result_tile(run, x.shape, dtype or x.dtype, vals, "tensor_copy", VECTOR, (x,),
-                       d, mask=_mask(mask, x.shape))
+                       d, buffer=buf, mask=_mask(mask, x.shape))
 
 
 def broadcast_to(src, *, shape, **kwargs):
@@ -667,6 +670,13 @@ def _binary(name, x, y, dtype, mask):
             v = v.reshape(_tile_shape(t))
             return v if bitvec else dtypes.to_f32(v)
         return t
+    if len(tiles) == 2 and not run.rules.broadcast and x.shape != y.shape:
+        # nki 0.3+ nl.add etc. do not broadcast (RN 2.29/2.30 known issue: "a (128, 1) +
+        # (128, 512) add fails"; spec nki-current.md §2.3): the launching face's rule
+        raise nki_error("nkisim_shape_mismatch", params=f"x{shape_str(x.shape)}, "
+                        f"y{shape_str(y.shape)}", api=f"nl.{api}",
+                        why="must have the same shape: nki.language element-wise ops do not "
+                            "broadcast (use nisa.tensor_scalar with a (P, 1) operand)")
     a, b = partition_vectors(vals(x), vals(y))
     sa = a.shape if isinstance(a, np.ndarray) else ()
     sb = b.shape if isinstance(b, np.ndarray) else ()

@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from . import checks, context, dtypes
+from . import checks, context, dtypes, psum_init
 from .errors import nki_error, shape_str
 from .indexing import IndexExpr, normalize_key, split_shape
 from .trace import Region
@@ -42,6 +42,24 @@ class Buffer:
 
     def __repr__(self):
         return f"nl.{self.name}"
+
+    # ``t.buffer == nl.sbuf`` (nki-library: `tensor.buffer in (nl.hbm, nl.shared_hbm,
+    # nl.private_hbm)`): buffers are equal when they are the same kind of memory with the same
+    # sharing (nl.hbm is nl.private_hbm, STUB-R32 language); a placed tensor's buffer equals
+    # nl.sbuf. A buffer also equals its kind or name as a string (t.buffer == "sbuf").
+    def __eq__(self, other):
+        if isinstance(other, Buffer):
+            return self.kind == other.kind and self.shared == other.shared
+        if isinstance(other, str):
+            return other in (self.kind, self.name)
+        return NotImplemented
+
+    def __ne__(self, other):
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def __hash__(self):
+        return hash(self.kind)
 
 
 class DirectAlloc(Buffer):
@@ -65,6 +83,7 @@ psum = Buffer("psum", "psum")
 hbm = Buffer("hbm", "hbm")
 private_hbm = Buffer("private_hbm", "hbm")
 shared_hbm = Buffer("shared_hbm", "hbm", shared=True)
+_BY_KIND = {"sbuf": sbuf, "psum": psum, "hbm": hbm}
 
 
 def buffer_of(buffer) -> Buffer:
@@ -87,7 +106,7 @@ class Allocation:
     __slots__ = ("id", "buffer", "name", "key", "row_bytes", "p_base", "shadow", "param",
                  "mutable", "live", "pbytes", "banks", "loop", "file", "line", "direct",
                  "dtype", "shape", "epoch", "hi", "gen", "full", "uniform", "taint",
-                 "__weakref__")
+                 "buf", "__weakref__")
 
     def __init__(self, buffer, name, dtype, shape):
         self.buffer = buffer          # "hbm" | "sbuf" | "psum"
@@ -114,6 +133,7 @@ class Allocation:
         self.full = -1                # True once fully written, else `gen` of the last check
         self.uniform = None           # the epoch of every shadow element, when known
         self.taint = None             # the uninitialized read its never-written values came from
+        self.buf = None               # the Buffer it was created in (None: by kind)
 
 
 _ids = iter(range(1, 1 << 62))
@@ -203,6 +223,7 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
         arr = np.full(shape, dtypes.poison(dt), dtype=sdt)
         a = _new_alloc(run, "hbm", name, dt, shape, arr, file, line)
         a.key = ("hbm", a.id)
+        a.buf = buf
         a.shadow = np.zeros(shape, np.int32) if run.checks else None
         t = Tensor(arr, a.shadow, a, dt, shape, None, None)
         if buf.shared:
@@ -262,6 +283,7 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
         arr = np.full(phys_shape, fill, dtype=sdt) if dt != dtypes.TF32 else \
             dtypes.cast(np.full(phys_shape, fill, np.float32), dt)
     a = _new_alloc(run, buf.kind, name, dt, shape, arr, file, line)
+    a.buf = buf
     a.key = _site_key(run, buf.kind, file, line, result=not api.startswith("nl."))
     a.row_bytes = pbytes
     a.pbytes = pbytes
@@ -343,6 +365,7 @@ def _allocate_direct(run, buf: DirectAlloc, name, dt, shape, paxis, file, line):
     a.id = next(_ids)
     a.file, a.line = file, line
     a.direct = True
+    a.buf = buf
     a.key = (kind, "direct")
     a.row_bytes = total
     a.p_base = 0
@@ -425,7 +448,10 @@ class Tensor:
 
     @property
     def buffer(self):
-        return self.root.buffer
+        """The memory it lives in: ``nl.sbuf``, ``nl.psum``, ``nl.shared_hbm``... (a Buffer,
+        which also equals its kind as a string: ``t.buffer == "hbm"``)."""
+        root = self.root
+        return root.buf if root.buf is not None else _BY_KIND[root.buffer]
 
     @property
     def name(self):
@@ -537,6 +563,11 @@ class Tensor:
             return indirect_getitem(self, key)
         oob = []
         kind, k = normalize_key(key, self.shape, self.name, oob)
+        if kind == "basic" and self.root.buffer != "hbm" and self.paxis == 0 and k and \
+                not isinstance(k[0], slice) and _keep_partition():
+            # nki 0.3+: "An integer on dim 0 keeps it at size 1" (spec nki-current.md §2.0
+            # item 3, STUB-R32 NkiTensor.__getitem__); Beta 1 drops it
+            k = (slice(k[0], k[0] + 1, 1),) + k[1:]
         if kind == "basic" and self.root.buffer != "hbm" and self.paxis == 0 and k and \
                 isinstance(k[0], slice) and len(self.shape) >= 2 and \
                 sum(isinstance(x, slice) for x in k) + len(self.shape) - len(k) < 2:
@@ -680,6 +711,11 @@ class Tensor:
     @property
     def size(self):
         return math.prod(self.shape)
+
+
+def _keep_partition() -> bool:
+    run = context.maybe_current()
+    return run is not None and run.rules.onchip_keep_partition
 
 
 # ---------------------------------------------------------------------------------------------
@@ -979,6 +1015,8 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
                 t._w[sel] = run.epoch
     if run.taint is not None:
         _apply_taint(run, t, api, mask)
+    if root.buffer == "psum" and api != "nc_matmul" and psum_init.tracked(root):
+        psum_init.clear(t, mask)     # a non-matmul write ends the accumulation group
 
 
 def _full_idx(idx, t):

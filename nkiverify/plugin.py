@@ -210,8 +210,7 @@ def pytest_configure(config):
                 raise pytest.UsageError(f"--nki-kernel: {exc}") from None
 
     from nkisim import shim
-    if not shim.real_neuronxcc_available():
-        shim.install()
+    shim.install()          # serves neuronxcc.nki and nki where the real packages are absent
 
     # Our profile only where the project has not chosen one (its conftest's load_profile, or
     # --hypothesis-profile, wins).
