@@ -752,6 +752,10 @@ def _gelu_tanh(x):
     return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
+def _sig(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
 def _erf(x):
     from scipy.special import erf as _e
     return _e(x)
@@ -772,6 +776,16 @@ _UNARY_FN = {
     "ceil": np.ceil, "sin": np.sin, "cos": np.cos, "tan": np.tan, "arctan": np.arctan,
     "reciprocal": lambda x: 1.0 / x, "logical_not": lambda x: (x == 0),
     "invert": None,
+    # activation functions of the current nki.language that nki-library kernels pass to
+    # nisa.activation (core/mlp, core/moe: gelu_apprx_sigmoid, silu_dx, gelu_apprx_sigmoid_dx).
+    # The sigmoid approximation of GELU is x * sigmoid(1.702 x) (Hendrycks & Gimpel 2016,
+    # "Gaussian Error Linear Units", §2); the _dx functions are the derivatives.
+    "gelu_apprx_sigmoid": lambda x: x / (1.0 + np.exp(-1.702 * x)),
+    "gelu_apprx_sigmoid_dx": lambda x: _sig(1.702 * x) * (1.0 + 1.702 * x *
+                                                          (1.0 - _sig(1.702 * x))),
+    "silu_dx": lambda x: _sig(x) * (1.0 + x * (1.0 - _sig(x))),
+    "gelu_dx": lambda x: 0.5 * (1.0 + _erf(x / np.sqrt(2.0))) +
+    x * np.exp(-0.5 * x * x) / np.sqrt(2.0 * np.pi),
 }
 
 
@@ -832,6 +846,10 @@ abs = _make_unary("abs")  # noqa: A001 - NKI's name
 negative = _make_unary("negative")
 sign = _make_unary("sign")
 trunc = _make_unary("trunc")
+gelu_apprx_sigmoid = _make_unary("gelu_apprx_sigmoid")
+gelu_apprx_sigmoid_dx = _make_unary("gelu_apprx_sigmoid_dx")
+silu_dx = _make_unary("silu_dx")
+gelu_dx = _make_unary("gelu_dx")
 floor = _make_unary("floor")
 ceil = _make_unary("ceil")
 sin = _make_unary("sin")

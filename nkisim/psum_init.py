@@ -24,7 +24,6 @@ from __future__ import annotations
 import weakref
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 # Allocation -> (lowest byte address of its storage, uint8 flags, one per storage byte)
 _FLAGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -75,8 +74,8 @@ def _flags_view(t, create: bool):
         _FLAGS[root] = entry
     lo, flags = entry
     arr = t._arr
-    off = _addr(arr) - lo
-    return as_strided(flags[off:], shape=arr.shape, strides=arr.strides)
+    return np.ndarray(arr.shape, np.uint8, buffer=flags, offset=_addr(arr) - lo,
+                      strides=arr.strides)
 
 
 def tracked(root) -> bool:
@@ -88,9 +87,9 @@ def get(t) -> np.ndarray:
     f = _flags_view(t, create=False)
     if f is None:
         return np.zeros(t.shape, bool)
-    if t._idx is not None:
-        f = f[t._idx]
-    return np.asarray(f, bool).reshape(t.shape)
+    f = f.view(np.bool_)
+    f = f[t._idx] if t._idx is not None else f.copy()
+    return f.reshape(t.shape)
 
 
 def _set(t, value: int, where=None, create=False) -> None:

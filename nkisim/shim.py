@@ -103,9 +103,16 @@ class _Loader(importlib.abc.Loader):
     def exec_module(self, module):
         if module.__name__ == "neuronxcc":
             return
+        name = module.__spec__.name
         # give the nkisim module its own spec back, so its relative imports keep working
         # (otherwise `__package__ != __spec__.parent` ImportWarnings)
         module.__spec__ = self._spec
+        # `from nki.isa import constants`: the import system looks the submodule up under the
+        # module's own name (nkisim.nki.isa.constants), so the attribute must exist
+        for sub in _ATTR_MODULES:
+            parent, _, leaf = sub.rpartition(".")
+            if parent == name and not hasattr(module, leaf):
+                setattr(module, leaf, importlib.import_module(sub))
 
 
 class _Finder(importlib.abc.MetaPathFinder):

@@ -495,13 +495,147 @@ class Tensor:
                       None if self.root.buffer == "hbm" else 0, None, self._off)
 
     def view(self, dtype):
+        """The same bytes as another dtype (``tensor.view``, 2.28). A dtype of another size
+        changes the last dimension, as NumPy's ``view`` does (the last dimension must be
+        contiguous)."""
         dt = dtypes.normalize(dtype)
         self._plain("view")
-        arr = self._arr.view(dtypes.storage(dt))
-        if arr.shape != self._arr.shape:
-            raise nki_error("nkisim_unsupported", what="view() to a dtype of another size",
-                            why="reinterpreting must keep the element count")
-        return Tensor(arr, self._w, self.root, dt, self.shape, self.paxis, None, self._off)
+        try:
+            arr = self._arr.view(dtypes.storage(dt))
+        except ValueError:
+            raise nki_error("nkisim_invalid_argument", api="view",
+                            why=f"cannot view `{self.name}` {shape_str(self.shape)} "
+                                f"{dtypes.name(self.dtype)} as {dtypes.name(dt)}: the last "
+                                "dimension must be contiguous and its byte size divisible by "
+                                "the new itemsize") from None
+        if arr.shape == self._arr.shape:
+            return Tensor(arr, self._w, self.root, dt, self.shape, self.paxis, None, self._off)
+        t = Tensor(arr, None, self.root, dt, arr.shape, self.paxis, None, self._off)
+        _coarse_shadow(self)
+        return t
+
+    # --- access patterns (nki 0.2+: NkiTensor.ap; spec nki-current.md §2.0 item 3) ---
+    def ap(self, pattern, offset=0, scalar_offset=None, vector_offset=None, indirect_dim=0,
+           dtype=None):
+        """A view given by an access pattern ``[[stride, count], ...]`` (elements of ``dtype``,
+        outermost first) starting ``offset`` elements into the tensor's *storage*: ``.ap()``
+        ignores the view it is called on (LG warning). On SBUF/PSUM the first pair is the
+        partition dimension and its stride must equal the storage's free-element count
+        (LG §ap). Strides may be 0 (a broadcast: NL ``core/max/cascaded_max.py``
+        ``value.ap([[1, P], [0, 8]])``). ``scalar_offset`` (a register or a [1, 1] tile)
+        adds ``value * stride`` of the tensor's dimension ``indirect_dim``; ``vector_offset``
+        (a [n, 1] tile of indices) addresses the first pattern dimension indirectly: its i-th
+        row starts at ``vector_offset[i] * stride(indirect_dim)`` (nki-library TensorView
+        ``vector_select``)."""
+        from .access import access_pattern
+        return access_pattern(self, pattern, offset, scalar_offset, vector_offset,
+                              indirect_dim, dtype)
+
+    # --- 0.5.0 view primitives (RN 2.31: NkiTensor slice/select/permute/broadcast/...) ---
+    def permute(self, dims):
+        dims = tuple(int(d) for d in dims)
+        if sorted(dims) != list(range(self.ndim)):
+            raise nki_error("nkisim_invalid_argument", api="permute",
+                            why=f"{list(dims)} is not a permutation of {self.ndim} dimensions")
+        if self.paxis == 0 and dims[0] != 0:
+            raise nki_error("nkisim_invalid_argument", api="permute",
+                            why="the partition dimension of an SBUF/PSUM tensor stays first")
+        return self._derive("permute", lambda a: a.transpose(dims))
+
+    def broadcast(self, dim, size):
+        dim = self._dim(dim, "broadcast")
+        if self.shape[dim] != 1:
+            raise nki_error("nkisim_invalid_argument", api="broadcast",
+                            why=f"dimension {dim} has size {self.shape[dim]}, not 1")
+        shape = self.shape[:dim] + (int(size),) + self.shape[dim + 1:]
+        return self._derive("broadcast", lambda a: np.broadcast_to(a, shape))
+
+    def expand_dim(self, dim):
+        return self._derive("expand_dim", lambda a: np.expand_dims(a, int(dim)))
+
+    def squeeze_dim(self, dim):
+        dim = self._dim(dim, "squeeze_dim")
+        if self.shape[dim] != 1:
+            raise nki_error("nkisim_invalid_argument", api="squeeze_dim",
+                            why=f"dimension {dim} has size {self.shape[dim]}, not 1")
+        return self._derive("squeeze_dim", lambda a: a.squeeze(axis=dim))
+
+    def slice(self, dim, start, end, step=1):
+        dim = self._dim(dim, "slice")
+        key = (slice(None),) * dim + (slice(int(start), int(end), int(step)),)
+        return self._derive("slice", lambda a: a[key])
+
+    def select(self, dim, index):
+        dim = self._dim(dim, "select")
+        i = int(index)
+        if not 0 <= i < self.shape[dim]:
+            raise nki_error("err_tensor_access_out_of_bound", name=self.name, dim=dim, lo=i,
+                            hi=i, size=self.shape[dim])
+        if self.paxis == 0 and dim == 0:
+            raise nki_error("nkisim_invalid_argument", api="select",
+                            why="cannot select on the partition dimension of an SBUF/PSUM "
+                                "tensor (slice it to size 1)")
+        key = (slice(None),) * dim + (i,)
+        return self._derive("select", lambda a: a[key])
+
+    def reshape_dim(self, dim, shape):
+        dim = self._dim(dim, "reshape_dim")
+        shape = tuple(int(s) for s in shape)
+        n = self.shape[dim]
+        if -1 in shape:
+            known = math.prod(s for s in shape if s != -1)
+            shape = tuple(n // known if s == -1 else s for s in shape)
+        if math.prod(shape) != n:
+            raise nki_error("nkisim_invalid_argument", api="reshape_dim",
+                            why=f"cannot split dimension {dim} of size {n} into {list(shape)}")
+        if self.paxis == 0 and dim == 0 and len(shape) != 1:
+            raise nki_error("nkisim_invalid_argument", api="reshape_dim",
+                            why="cannot split the partition dimension of an SBUF/PSUM tensor")
+        new = self.shape[:dim] + shape + self.shape[dim + 1:]
+        return self._derive("reshape_dim", lambda a: _view_reshape(a, new))
+
+    def flatten_dims(self, start_dim, end_dim):
+        a, b = self._dim(start_dim, "flatten_dims"), self._dim(end_dim, "flatten_dims")
+        if self.paxis == 0 and a == 0 and b > 0:
+            raise nki_error("nkisim_invalid_argument", api="flatten_dims",
+                            why="cannot merge the partition dimension of an SBUF/PSUM tensor")
+        new = self.shape[:a] + (math.prod(self.shape[a:b + 1]),) + self.shape[b + 1:]
+        return self._derive("flatten_dims", lambda x: _view_reshape(x, new))
+
+    def is_contiguous(self):
+        if self._idx is not None or self._arr is None:
+            return False
+        return bool(self._arr.flags.c_contiguous)
+
+    def is_indirect(self):
+        return self._idx is not None
+
+    @property
+    def strides(self):
+        """Strides in elements (nki's NkiTensor.strides)."""
+        self._plain("strides")
+        return tuple(st // self._arr.itemsize for st in self._arr.strides)
+
+    @property
+    def offset(self):
+        """Offset of the view's first element in its storage, in elements."""
+        return self._off // self.itemsize
+
+    def _dim(self, d, api):
+        d = int(d)
+        d = d + self.ndim if d < 0 else d
+        if not 0 <= d < self.ndim:
+            raise nki_error("nkisim_invalid_argument", api=api,
+                            why=f"dimension {d} out of range for {self.ndim} dimensions")
+        return d
+
+    def _derive(self, api, fn):
+        """A view made by the same NumPy view operation on the values and their shadow."""
+        self._plain(api)
+        arr = fn(self._arr)
+        w = None if self._w is None else fn(self._w)
+        off = self._off + (_addr(arr) - _addr(self._arr) if arr.size and self._arr.size else 0)
+        return Tensor(arr, w, self.root, self.dtype, arr.shape, self.paxis, None, off)
 
     def astype(self, dtype):
         nl = _ops
@@ -711,6 +845,30 @@ class Tensor:
     @property
     def size(self):
         return math.prod(self.shape)
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def _view_reshape(a: np.ndarray, shape) -> np.ndarray:
+    """``a.reshape(shape)`` that never copies (NKI views share storage)."""
+    try:
+        v = a.view()
+        v.shape = shape            # raises instead of copying
+        return v
+    except (AttributeError, ValueError):
+        raise nki_error("nkisim_unsupported", what="a reshape of this strided view",
+                        why="it would need a copy; reshape a contiguous view") from None
+
+
+def _coarse_shadow(t: Tensor) -> None:
+    """A view of another element size cannot carry a per-element shadow: its elements are
+    counted written (the bytes it covers), so reads through either dtype never report an
+    uninitialised read it caused (a false error would be worse than a missed one)."""
+    if t._w is not None:
+        run = context.maybe_current()
+        t._w[...] = np.maximum(t._w, run.epoch if run is not None else 1)
 
 
 def _keep_partition() -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import builtins
 import inspect
+import math
 import os
 import warnings
 
@@ -50,7 +51,10 @@ from ..ops import (  # noqa: E402,F401
     floor,
     fmod,
     gelu,
+    gelu_apprx_sigmoid,
+    gelu_apprx_sigmoid_dx,
     gelu_apprx_tanh,
+    gelu_dx,
     greater,
     greater_equal,
     invert,
@@ -81,6 +85,7 @@ from ..ops import (  # noqa: E402,F401
     sigmoid,
     sign,
     silu,
+    silu_dx,
     sin,
     softplus,
     sqrt,
@@ -112,6 +117,13 @@ float8_e5m2 = dtypes.float8_e5m2
 float8_e4m3fn = getattr(dtypes, "float8_e4m3fn", np.dtype(ml_dtypes.float8_e4m3fn))
 float8_e8m0fnu = getattr(dtypes, "float8_e8m0fnu", np.dtype(ml_dtypes.float8_e8m0fnu))
 DType = dtype = np.dtype          # annotations: `dtype: nki.dtype = nl.bfloat16`
+# `nl.bool` (nki-library core/utils/kernel_helpers.py returns it for 'bool')
+globals()["bool"] = bool_
+# MX packed types (4 values in 32 bits, 2.27; quantize_mx / nc_matmul_mx): named so kernels
+# import; nkisim does not simulate them, so allocating one is nkisim_operand_dtype.
+float8_e5m2_x4 = np.dtype([("float8_e5m2_x4", "u1", (4,))])
+float8_e4m3fn_x4 = np.dtype([("float8_e4m3fn_x4", "u1", (4,))])
+float4_e2m1fn_x4 = np.dtype([("float4_e2m1fn_x4", "u1", (4,))])
 
 fp32, bfp16 = _ops.fp32, _ops.bfp16
 finfo = _ops.finfo
@@ -180,8 +192,35 @@ def ndarray(shape, dtype, buffer=sbuf, name="", address=None):
     buf = _check_buffer(buffer, "nl.ndarray")
     if address is not None:
         buf = _placed(buf, address, shape, dtype)
-    return _allocate(_shape(shape, "nl.ndarray"), dtype, buffer=buf, name=name,
-                         api="nl.ndarray")
+    t = _allocate(_shape(shape, "nl.ndarray"), dtype, buffer=buf, name=name, api="nl.ndarray")
+    if address is not None:
+        _share_shadow(t, buf)
+    return t
+
+
+def _share_shadow(t, buf):
+    """Placed tensors share storage; they must share what nkisim knows of it too (which
+    elements were written). The same placement (address, shape, dtype) shares the shadow; a
+    partial overlap counts the overlapping tensors as written (no false uninitialised-read
+    error; a missed one is possible)."""
+    run = context.current()
+    if t._w is None:
+        return
+    placed = run.direct_sites.setdefault(("nki.language placed tensors",), [])
+    nbytes = math.prod(t.shape[1:]) * t._arr.itemsize
+    me = (buf.kind, buf.base_partition, buf.base_partition + t.shape[0], buf.base_addr,
+          buf.base_addr + nbytes, t.shape, t.dtype)
+    for other, root in placed:
+        if other[0] != me[0] or other[2] <= me[1] or me[2] <= other[1] or \
+                other[4] <= me[3] or me[4] <= other[3]:
+            continue
+        if other[1:] == me[1:]:
+            t.root.shadow = t._w = root.shadow
+            return
+        for sh in (root.shadow, t._w):
+            if sh is not None:
+                np.maximum(sh, run.epoch, out=sh)
+    placed.append((me, t.root))
 
 
 def _shape(shape, api):
@@ -318,7 +357,7 @@ def static_range(start, stop=None, step=1):
 def _int_value(x, api):
     """The value of a loop bound: an int, or a register read at run time (nki.isa's
     VirtualRegister; nkisim runs eagerly, so its value is known)."""
-    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+    if isinstance(x, (int, np.integer)) and not isinstance(x, builtins.bool):
         return int(x)
     for attr in ("value", "_value"):
         v = getattr(x, attr, None)
@@ -330,6 +369,12 @@ def _int_value(x, api):
         raise nki_error("nkisim_invalid_argument", api=api,
                         why=f"loop bounds must be ints or registers, got "
                             f"{type(x).__name__}") from None
+
+
+def range(start, stop=None, step=1):  # noqa: A001 - NKI's name
+    """``nl.range``: nki-library's mxfp_load_utils loops with it (a kernel AWS tests on
+    device); an unrolled loop like the other iterators."""
+    return _range("range", start, stop, step)
 
 
 def dynamic_range(start, stop=None, step=1):
