@@ -158,10 +158,12 @@ def test_integer_enum_values_are_rejected():
     with pytest.raises(TypeError, match="dge_mode must be a nki.isa.dge_mode member"):
         k(rand((4, 4)))
 
+    beta1_vector = b1isa.engine.vector      # Beta 1's enum, an IntEnum
+
     @nki.jit
     def k2(x):
         a = load(x)
-        nisa.tensor_copy(dst=sb(x.shape), src=a, engine=b1isa.engine.vector)   # Beta 1's enum
+        nisa.tensor_copy(dst=sb(x.shape), src=a, engine=beta1_vector)
 
     with pytest.raises(TypeError, match="engine must be a nki.isa.engine member"):
         k2(rand((4, 4)))
