@@ -666,3 +666,12 @@ def test_outputs_created_inside_unrolled_loops():
     o1, o2 = run(k, a)
     np.testing.assert_array_equal(o1, a)
     np.testing.assert_array_equal(o2, a * 2)
+
+
+def test_reductions_must_take_the_last_axes():
+    def k(a):
+        out = nl.ndarray((128, 6), dtype=a.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.max(nl.load(a), axis=1))
+        return out
+    with pytest.raises(ValueError, match="last contiguous free dimensions"):
+        run(k, rand((128, 4, 6)))
