@@ -914,6 +914,12 @@ def _reduce(name, x, axis, dtype, mask, keepdims):
     run = context.current()
     t = _tile(x, name, "x")
     axes = reduce_axes(t, axis, name)
+    nd = len(_tile_shape(t))
+    if run.rules.reduce_last_axes and sorted(set(axes)) != list(range(nd - len(set(axes)), nd)):
+        raise nki_error("nkisim_invalid_argument", api=f"nl.{name}",
+                        why=f"axis {list(axes)} of a {nd}-D tile: the reduced axes must be the "
+                            f"last contiguous free dimensions (e.g. {list(range(nd - 1, nd))} "
+                            f"or {list(range(1, nd))}); permute the tile first")
     v = read(t, name, run).reshape(_tile_shape(t))
     if name not in ("all",):
         v = dtypes.to_f32(v)

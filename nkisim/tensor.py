@@ -213,7 +213,8 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
     if buf.kind == "hbm":
         if fill is not None:
             raise nki_error("err_hbm_tensor_with_init_value_not_supported")
-        if buf.shared and run.nesting == 0 and run.loops:
+        if buf.shared and run.nesting == 0 and run.loops and not (
+                run.rules.unrolled_loops and all(lp.kind == "static" for lp in run.loops)):
             raise nki_error("err_shared_hbm_must_in_kernel_level")
         if buf.shared and run.grid and run.program_ids != (0,) * len(run.grid):
             # SPMD instances share shared_hbm tensors: the n-th created is the same tensor.

@@ -47,6 +47,7 @@ def rules() -> _context.Rules:
     return _context.Rules(
         dialect="nki", version=_version.current(),
         onchip_keep_partition=True, broadcast=False, outputs_shared_hbm=True,
+        unrolled_loops=True, reduce_last_axes=True,
         # nl.copy: 0.3-0.5 ScalarE activation(copy), result in the source's buffer; 0.6.0 VectorE
         # tensor_copy, "result always in SBUF" (STUB-R29 vs STUB-R32, RN 2.32; spec §2.3)
         copy_same_buffer=not _version.at_least(0, 6))
@@ -73,6 +74,12 @@ class Kernel(_runtime.Kernel):
     @property
     def rules(self):
         return rules()
+
+    @property
+    def input_buffer(self):
+        """SIM §Execution: "Array arguments become NkiTensors with buffer=nl.hbm, or
+        shared_hbm for LNC2"."""
+        return language.shared_hbm if self.lnc == 2 else language.hbm
 
     @property
     def platform_target(self):

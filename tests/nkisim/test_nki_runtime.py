@@ -310,3 +310,42 @@ def test_neuronxcc_nki_inside_an_nki_kernel(served, monkeypatch, tmp_path):
     with pytest.warns(DeprecationWarning, match="neuronxcc.nki inside NKI kernels"):
         out = k(a)
     np.testing.assert_array_equal(out, a)
+
+
+def test_inputs_are_hbm_or_shared_hbm_under_lnc2():
+    seen = []
+
+    @nki.jit
+    def k(a):
+        seen.append(a.buffer)
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        if nl.program_id(0) == 0:
+            nl.store(out, nl.load(a))
+        return out
+    a = rand((128, 4))
+    k(a)
+    nki.simulate(k[2])(a)
+    assert seen[0] == nl.hbm and seen[0] != nl.shared_hbm
+    assert seen[1:] == [nl.shared_hbm, nl.shared_hbm]
+
+
+def test_nkisim_run_serves_import_nki(tmp_path):
+    import subprocess
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import numpy as np\n"
+        "import nki, nki.language as nl, nki.isa as nisa\n"
+        "@nki.jit\n"
+        "def k(a):\n"
+        "    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)\n"
+        "    t = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)\n"
+        "    nisa.dma_copy(dst=t, src=a)\n"
+        "    nisa.activation(dst=t, op=nl.exp, data=t)\n"
+        "    nisa.dma_copy(dst=out, src=t)\n"
+        "    return out\n"
+        "a = np.linspace(-1, 1, 128 * 4, dtype=np.float32).reshape(128, 4)\n"
+        "print('ok', np.allclose(k(a), np.exp(a), rtol=1e-6), nki.__version__)\n")
+    r = subprocess.run([sys.executable, "-m", "nkisim", "run", str(script)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "ok True 0.7.0+nkisim" in r.stdout
