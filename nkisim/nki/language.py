@@ -491,7 +491,13 @@ def store(dst, value):
 
 def matmul(x, y, transpose_x=False):
     """``x.T @ y`` (``transpose_x=True``) or ``x @ y`` into a new PSUM tile. It cannot
-    accumulate into an existing tile: use nisa.nc_matmul (STUB-R32)."""
+    accumulate into an existing tile: use nisa.nc_matmul (STUB-R32). In 0.3 and 0.4 it "fails
+    unless transpose_x=True" (RN 2.29/2.30 known issue; spec §2.3)."""
+    if not transpose_x and not _version.at_least(0, 5):
+        raise NotImplementedError(
+            "nl.matmul fails unless transpose_x=True in NKI "
+            f"{'.'.join(map(str, _version.current()))} (known issue, release notes 2.29/2.30): "
+            "pass x already transposed with transpose_x=True, or use nisa.nc_matmul")
     return _matmul(x, y, transpose_x=transpose_x)
 
 

@@ -675,3 +675,21 @@ def test_reductions_must_take_the_last_axes():
         return out
     with pytest.raises(ValueError, match="last contiguous free dimensions"):
         run(k, rand((128, 4, 6)))
+
+
+@pytest.mark.parametrize("version,fails", [("0.3", True), ("0.4", True), ("0.5", False)])
+def test_matmul_without_transpose_x_by_release(monkeypatch, version, fails):
+    def k(x, y):
+        m = nl.matmul(nl.load(x), nl.load(y))            # x @ y: x is (M=128, K=128)
+        out = nl.ndarray(m.shape, dtype=np.float32, buffer=nl.shared_hbm)
+        s = nl.ndarray(m.shape, dtype=np.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=s, src=m)
+        nl.store(out, s)
+        return out
+    monkeypatch.setenv("NKISIM_NKI_VERSION", version)
+    x, y = rand((128, 128)), rand((128, 64))
+    if fails:
+        with pytest.raises(NotImplementedError, match="transpose_x=True"):
+            run(k, x, y)
+    else:
+        np.testing.assert_allclose(run(k, x, y), x @ y, rtol=1e-4, atol=1e-4)
