@@ -118,8 +118,8 @@ class Report:
         """One ``ReportRow`` per (kernel, dtype), in order of first appearance."""
         groups = {}
         for record in self.records:
-            # the current-dialect twin of a kernel is a row of its own: "conv2d [nki]"
-            label = f"{record.kernel} [nki]" if record.dialect == "nki" else record.kernel
+            # the current-dialect twin of a kernel is a row of its own: "conv2d[nki]"
+            label = f"{record.kernel}[nki]" if record.dialect == "nki" else record.kernel
             groups.setdefault((label, record.dtype), []).append(record)
         rows = []
         for (kernel, dtype), records in groups.items():
