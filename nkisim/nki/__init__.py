@@ -26,8 +26,7 @@ from .. import context as _context
 from .. import runtime as _runtime
 from ..errors import nki_error as _nki_error
 from ..tensor import Tensor as tensor  # noqa: F401 - annotations: `x: nki.tensor`
-from . import _version
-from . import collectives, isa, language, typing  # noqa: F401
+from . import _version, collectives, isa, language, typing  # noqa: F401
 
 __all__ = ["jit", "simulate", "Kernel", "language", "isa", "typing", "collectives", "tensor",
            "dtype", "baremetal", "benchmark", "profile"]

@@ -25,15 +25,9 @@ from ..errors import nki_error
 from ..indexing import DynSlice
 from ..lowering import matmul as _matmul
 from ..lowering import transpose as _transpose
-from ..tensor import Buffer
-from ..tensor import DirectAlloc as _DirectAlloc
-from ..tensor import Tensor
-from ..tensor import allocate as _allocate
-from . import _version
 
 # ---------------------------------------------------------------------------------------------
 # op tokens and element-wise wrappers: the core's objects (see the module docstring)
-
 from ..ops import (  # noqa: E402,F401
     abs,
     add,
@@ -98,6 +92,10 @@ from ..ops import (  # noqa: E402,F401
     var,
     where,
 )
+from ..tensor import Buffer, Tensor
+from ..tensor import DirectAlloc as _DirectAlloc
+from ..tensor import allocate as _allocate
+from . import _version
 
 bitwise_not = invert
 

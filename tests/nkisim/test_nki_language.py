@@ -11,8 +11,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from nkisim import engines, ops
-from nkisim import nki
+from nkisim import engines, nki, ops
 from nkisim.nki import isa as nisa
 from nkisim.nki import language as nl
 from nkisim.nki import typing as nt
@@ -616,12 +615,13 @@ def test_nl_range_and_bool():
         seen.extend(nl.range(3))
         return a
     run(k, rand((1, 1)))
-    assert seen == [0, 1, 2] and getattr(nl, "bool") == np.bool_
+    assert seen == [0, 1, 2] and nl.bool == np.bool_
 
 
 def test_isa_constants_submodule_through_the_shim():
-    from nkisim import shim
     import sys
+
+    from nkisim import shim
     saved = {n: m for n, m in sys.modules.items() if n.split(".")[0] in ("nki", "neuronxcc")}
     was = shim._hook_active(), set(shim._serving)
     shim.install(force=True)

@@ -13,8 +13,7 @@ import warnings
 import numpy as np
 import pytest
 
-from nkisim import nki
-from nkisim import shim
+from nkisim import nki, shim
 from nkisim.nki import _version
 from nkisim.nki import language as nl
 
