@@ -139,6 +139,7 @@ def estimate_row(row: Row, rng, bench_out: list | None = None) -> tuple[float, f
     """(estimated µs, wall seconds) of one row on its target (``bench_out`` receives the
     benchmark object, whose ``benchmark_result`` has the trace and schedule)."""
     from nkiverify.fixtures import handout
+
     from nkisim.runtime import benchmark
 
     obj = getattr(handout, row.kernel) if row.kind == "handout" else _local_kernels()[row.kernel]

@@ -117,8 +117,12 @@ def tensor_region(t, mask) -> str:
 
 
 def shadow_view(t):
-    """The write epochs of the elements view ``t`` touches."""
-    return t._w if t._idx is None else t._w[t._idx]
+    """The write epochs of the elements view ``t`` touches, for reading (a lazy shadow stays
+    lazy: a read-only broadcast of its epoch)."""
+    w = t._ws
+    if w is LAZY:
+        w = lazy_view(t)
+    return w if t._idx is None else w[t._idx]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -75,6 +75,36 @@ class Loop:
     key: tuple = ()           # ((loop id, kind, iteration), ...) of the stack, outermost first
 
 
+@dataclass(frozen=True)
+class Rules:
+    """The language rules of the dialect whose face launched the kernel, where the dialects
+    differ in what one machine operation means (the core follows them; it knows no dialect).
+    The defaults are Beta 1's (``neuronxcc.nki``); ``nkisim.nki`` sets those of ``nki`` 0.3+
+    (shared/spec/nki-current.md §2.0, §2.3)."""
+
+    dialect: str = "beta1"              # for messages only
+    version: tuple = ()                 # (major, minor) of the dialect, () for Beta 1
+    # An integer index on an on-chip tensor's partition dim keeps it at size 1, and an integer
+    # on a free dim drops it unless the view would fall below 2-D (nki §2.0 item 3). Beta 1:
+    # the partition dim is dropped, and a single remaining free dim is kept at size 1.
+    onchip_keep_partition: bool = False
+    # nl.add etc. broadcast their operands (Beta 1); nki 0.3+ "no broadcasting" (§2.3).
+    broadcast: bool = True
+    # Returned HBM tensors must have been created with buffer=nl.shared_hbm (nki 0.3+, §2.0/6).
+    outputs_shared_hbm: bool = False
+    # nl.copy's result is in the buffer of its source (nki 0.3-0.5), not always SBUF (§2.3).
+    copy_same_buffer: bool = False
+    # nl.affine_range & co. are Python ranges, unrolled (nki 0.3+, §2.0 item 4): a tensor
+    # created in such a loop body is created at kernel level (shared_hbm outputs included).
+    unrolled_loops: bool = False
+    # nl.max / nl.sum ... reduce "the last contiguous free dims" only ([1], [1, 2], ...;
+    # STUB-R32 nl.max, §2.3); Beta 1 reduces any free axes.
+    reduce_last_axes: bool = False
+
+
+BETA1 = Rules()
+
+
 @dataclass(slots=True, eq=False)
 class Run:
     arch: Arch
@@ -110,6 +140,7 @@ class Run:
     #                                                   instruction (nkisim.tensor.read/write)
     rng: object = None                                # nl.rand / dropout generator (nl._rng)
     vector_acc: dict = field(default_factory=dict)    # VectorE accumulators (isa._accumulate)
+    rules: Rules = BETA1                              # the launching face's language rules
 
     # ---- loops and epochs ----
     def new_epoch(self, loop: Loop, iteration: int) -> int:

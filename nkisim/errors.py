@@ -169,6 +169,12 @@ ERRORS: dict[str, tuple[type[Exception], str]] = {
         "tolerates it; without strict mode this is a warning): {what}; the rule: \"{rule}\" "
         "({link})"),
     "nkisim_invalid_argument": (ValueError, "{api}: {why}"),
+    # nki 0.3+ (shared/spec/nki-current.md §2.0 item 6: MIG 0.2->0.3 "Output tensors must use
+    # nl.shared_hbm"; nl.hbm outputs "will cause compilation failures")
+    "nkisim_output_not_shared_hbm": (
+        ValueError, "kernel output `{name}` is not an nl.shared_hbm tensor: output tensors must "
+        "use nl.shared_hbm (nl.ndarray(..., buffer=nl.shared_hbm)); nl.hbm/nl.private_hbm "
+        "outputs cause compilation failures from NKI 0.3.0"),
 }
 
 

@@ -549,7 +549,7 @@ def load_transpose2d(src, *, mask=None, dtype=None, **kwargs):
     return t
 
 
-def copy(src, *, mask=None, dtype=None, **kwargs):
+def copy(src, *, mask=None, dtype=None, buffer=None, **kwargs):
     """SBUF/PSUM -> a new SBUF tile (e.g. PSUM evacuation with a cast)."""
     run = context.current()
     x = _tile(src, "copy", "src")
@@ -559,8 +559,11 @@ def copy(src, *, mask=None, dtype=None, **kwargs):
         elementwise_taint(run, x)
     d = _detail(x)
     d["auto_engine"] = True            # the compiler picks the engine (nkisim.cost)
+    # nki 0.3-0.5: the result is in the source's buffer (ScalarE activation(copy)); Beta 1 and
+    # nki 0.6+: always SBUF (spec nki-current.md §2.3)
+    buf = buffer or (psum if run.rules.copy_same_buffer and x.root.buffer == "psum" else sbuf)
     return result_tile(run, x.shape, dtype or x.dtype, vals, "tensor_copy", VECTOR, (x,),
-                       d, mask=_mask(mask, x.shape))
+                       d, buffer=buf, mask=_mask(mask, x.shape))
 
 
 def broadcast_to(src, *, shape, **kwargs):
@@ -677,6 +680,13 @@ def _binary(name, x, y, dtype, mask):
             v = v.reshape(_tile_shape(t))
             return v if bitvec else dtypes.to_f32(v)
         return t
+    if len(tiles) == 2 and not run.rules.broadcast and x.shape != y.shape:
+        # nki 0.3+ nl.add etc. do not broadcast (RN 2.29/2.30 known issue: "a (128, 1) +
+        # (128, 512) add fails"; spec nki-current.md §2.3): the launching face's rule
+        raise nki_error("nkisim_shape_mismatch", params=f"x{shape_str(x.shape)}, "
+                        f"y{shape_str(y.shape)}", api=f"nl.{api}",
+                        why="must have the same shape: nki.language element-wise ops do not "
+                            "broadcast (use nisa.tensor_scalar with a (P, 1) operand)")
     a, b = partition_vectors(vals(x), vals(y))
     sa = a.shape if isinstance(a, np.ndarray) else ()
     sb = b.shape if isinstance(b, np.ndarray) else ()
@@ -752,6 +762,10 @@ def _gelu_tanh(x):
     return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
+def _sig(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
 def _erf(x):
     from scipy.special import erf as _e
     return _e(x)
@@ -772,6 +786,16 @@ _UNARY_FN = {
     "ceil": np.ceil, "sin": np.sin, "cos": np.cos, "tan": np.tan, "arctan": np.arctan,
     "reciprocal": lambda x: 1.0 / x, "logical_not": lambda x: (x == 0),
     "invert": None,
+    # activation functions of the current nki.language that nki-library kernels pass to
+    # nisa.activation (core/mlp, core/moe: gelu_apprx_sigmoid, silu_dx, gelu_apprx_sigmoid_dx).
+    # The sigmoid approximation of GELU is x * sigmoid(1.702 x) (Hendrycks & Gimpel 2016,
+    # "Gaussian Error Linear Units", §2); the _dx functions are the derivatives.
+    "gelu_apprx_sigmoid": lambda x: x / (1.0 + np.exp(-1.702 * x)),
+    "gelu_apprx_sigmoid_dx": lambda x: _sig(1.702 * x) * (1.0 + 1.702 * x *
+                                                          (1.0 - _sig(1.702 * x))),
+    "silu_dx": lambda x: _sig(x) * (1.0 + x * (1.0 - _sig(x))),
+    "gelu_dx": lambda x: 0.5 * (1.0 + _erf(x / np.sqrt(2.0))) +
+    x * np.exp(-0.5 * x * x) / np.sqrt(2.0 * np.pi),
 }
 
 
@@ -832,6 +856,10 @@ abs = _make_unary("abs")  # noqa: A001 - NKI's name
 negative = _make_unary("negative")
 sign = _make_unary("sign")
 trunc = _make_unary("trunc")
+gelu_apprx_sigmoid = _make_unary("gelu_apprx_sigmoid")
+gelu_apprx_sigmoid_dx = _make_unary("gelu_apprx_sigmoid_dx")
+silu_dx = _make_unary("silu_dx")
+gelu_dx = _make_unary("gelu_dx")
 floor = _make_unary("floor")
 ceil = _make_unary("ceil")
 sin = _make_unary("sin")
@@ -896,6 +924,12 @@ def _reduce(name, x, axis, dtype, mask, keepdims):
     run = context.current()
     t = _tile(x, name, "x")
     axes = reduce_axes(t, axis, name)
+    nd = len(_tile_shape(t))
+    if run.rules.reduce_last_axes and sorted(set(axes)) != list(range(nd - len(set(axes)), nd)):
+        raise nki_error("nkisim_invalid_argument", api=f"nl.{name}",
+                        why=f"axis {list(axes)} of a {nd}-D tile: the reduced axes must be the "
+                            f"last contiguous free dimensions (e.g. {list(range(nd - 1, nd))} "
+                            f"or {list(range(1, nd))}); permute the tile first")
     v = read(t, name, run).reshape(_tile_shape(t))
     if name not in ("all",):
         v = dtypes.to_f32(v)

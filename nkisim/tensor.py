@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from . import checks, context, dtypes
+from . import checks, context, dtypes, psum_init
 from .errors import nki_error, shape_str
 from .indexing import IndexExpr, normalize_key, split_shape
 from .trace import Region
@@ -42,6 +42,24 @@ class Buffer:
 
     def __repr__(self):
         return f"nl.{self.name}"
+
+    # ``t.buffer == nl.sbuf`` (nki-library: `tensor.buffer in (nl.hbm, nl.shared_hbm,
+    # nl.private_hbm)`): buffers are equal when they are the same kind of memory with the same
+    # sharing (nl.hbm is nl.private_hbm, STUB-R32 language); a placed tensor's buffer equals
+    # nl.sbuf. A buffer also equals its kind or name as a string (t.buffer == "sbuf").
+    def __eq__(self, other):
+        if isinstance(other, Buffer):
+            return self.kind == other.kind and self.shared == other.shared
+        if isinstance(other, str):
+            return other in (self.kind, self.name)
+        return NotImplemented
+
+    def __ne__(self, other):
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def __hash__(self):
+        return hash(self.kind)
 
 
 class DirectAlloc(Buffer):
@@ -65,6 +83,7 @@ psum = Buffer("psum", "psum")
 hbm = Buffer("hbm", "hbm")
 private_hbm = Buffer("private_hbm", "hbm")
 shared_hbm = Buffer("shared_hbm", "hbm", shared=True)
+_BY_KIND = {"sbuf": sbuf, "psum": psum, "hbm": hbm}
 
 
 def buffer_of(buffer) -> Buffer:
@@ -87,7 +106,7 @@ class Allocation:
     __slots__ = ("id", "buffer", "name", "key", "row_bytes", "p_base", "shadow", "param",
                  "mutable", "live", "pbytes", "banks", "loop", "file", "line", "direct",
                  "dtype", "shape", "epoch", "hi", "gen", "full", "uniform", "taint",
-                 "adopted", "store", "__weakref__")
+                 "adopted", "store", "buf", "base_off", "__weakref__")
 
     def __init__(self, buffer, name, dtype, shape):
         self.buffer = buffer          # "hbm" | "sbuf" | "psum"
@@ -98,6 +117,7 @@ class Allocation:
         self.key = None
         self.row_bytes = 0
         self.p_base = 0
+        self.base_off = 0             # direct allocation: byte offset of its first element
         self.shadow = None
         self.param = False
         self.mutable = False
@@ -116,6 +136,7 @@ class Allocation:
         self.taint = None             # the uninitialized read its never-written values came from
         self.adopted = False          # storage adopted from an instruction, not yet "written"
         self.store = None             # a lazy shadow's tile storage (see checks.LAZY)
+        self.buf = None               # the Buffer it was created in (None: by kind)
 
 
 _ids = iter(range(1, 1 << 62))
@@ -201,7 +222,8 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
     if buf.kind == "hbm":
         if fill is not None:
             raise nki_error("err_hbm_tensor_with_init_value_not_supported")
-        if buf.shared and run.nesting == 0 and run.loops:
+        if buf.shared and run.nesting == 0 and run.loops and not (
+                run.rules.unrolled_loops and all(lp.kind == "static" for lp in run.loops)):
             raise nki_error("err_shared_hbm_must_in_kernel_level")
         if buf.shared and run.grid and run.program_ids != (0,) * len(run.grid):
             # SPMD instances share shared_hbm tensors: the n-th created is the same tensor.
@@ -212,6 +234,7 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
         arr = np.full(shape, dtypes.poison(dt), dtype=sdt)
         a = _new_alloc(run, "hbm", name, dt, shape, arr, file, line)
         a.key = ("hbm", a.id)
+        a.buf = buf
         a.shadow = np.zeros(shape, np.int32) if run.checks else None
         t = Tensor(arr, a.shadow, a, dt, shape, None, None)
         if buf.shared:
@@ -273,6 +296,7 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
         arr = np.full(phys_shape, fill, dtype=sdt) if dt != dtypes.TF32 else \
             dtypes.cast(np.full(phys_shape, fill, np.float32), dt)
     a = _new_alloc(run, buf.kind, name, dt, shape, arr, file, line)
+    a.buf = buf
     a.key = _site_key(run, buf.kind, file, line, result=not api.startswith("nl."))
     a.row_bytes = pbytes
     a.pbytes = pbytes
@@ -372,12 +396,14 @@ def _allocate_direct(run, buf: DirectAlloc, name, dt, shape, paxis, file, line):
     a.id = next(_ids)
     a.file, a.line = file, line
     a.direct = True
+    a.buf = buf
     a.key = (kind, "direct")
     a.row_bytes = total
     a.p_base = 0
     logical = tuple(blocks) + (P,) + tuple(free)
     a.shadow = np.zeros(logical, np.int32) if run.checks else None
     if not blocks:
+        a.base_off = offs[0]
         return Tensor(slots[0], a.shadow, a, dt, logical, 0, None, offs[0])
     t = Tensor(None, a.shadow, a, dt, logical, paxis, None)
     t._slots = (slots, tuple(blocks), nft, offs)
@@ -446,9 +472,14 @@ class Tensor:
 
     @property
     def _w(self):
-        """The write epochs of the view's elements (nkisim.checks), None without checks."""
+        """The write epochs of the view's elements (nkisim.checks), None without checks: a
+        writable array (a lazy shadow is materialized; the checks' reads use
+        ``checks.shadow_view``, which does not)."""
         w = self._ws
-        return checks.lazy_view(self) if w is checks.LAZY else w
+        if w is checks.LAZY:
+            checks.materialize(self.root)
+            w = checks.lazy_view(self)
+        return w
 
     @_w.setter
     def _w(self, value):
@@ -465,7 +496,10 @@ class Tensor:
 
     @property
     def buffer(self):
-        return self.root.buffer
+        """The memory it lives in: ``nl.sbuf``, ``nl.psum``, ``nl.shared_hbm``... (a Buffer,
+        which also equals its kind as a string: ``t.buffer == "hbm"``)."""
+        root = self.root
+        return root.buf if root.buf is not None else _BY_KIND[root.buffer]
 
     @property
     def name(self):
@@ -510,13 +544,147 @@ class Tensor:
                       None if self.root.buffer == "hbm" else 0, None, self._off)
 
     def view(self, dtype):
+        """The same bytes as another dtype (``tensor.view``, 2.28). A dtype of another size
+        changes the last dimension, as NumPy's ``view`` does (the last dimension must be
+        contiguous)."""
         dt = dtypes.normalize(dtype)
         self._plain("view")
-        arr = self._arr.view(dtypes.storage(dt))
-        if arr.shape != self._arr.shape:
-            raise nki_error("nkisim_unsupported", what="view() to a dtype of another size",
-                            why="reinterpreting must keep the element count")
-        return Tensor(arr, self._ws, self.root, dt, self.shape, self.paxis, None, self._off)
+        try:
+            arr = self._arr.view(dtypes.storage(dt))
+        except ValueError:
+            raise nki_error("nkisim_invalid_argument", api="view",
+                            why=f"cannot view `{self.name}` {shape_str(self.shape)} "
+                                f"{dtypes.name(self.dtype)} as {dtypes.name(dt)}: the last "
+                                "dimension must be contiguous and its byte size divisible by "
+                                "the new itemsize") from None
+        if arr.shape == self._arr.shape:
+            return Tensor(arr, self._ws, self.root, dt, self.shape, self.paxis, None, self._off)
+        t = Tensor(arr, None, self.root, dt, arr.shape, self.paxis, None, self._off)
+        _coarse_shadow(self)
+        return t
+
+    # --- access patterns (nki 0.2+: NkiTensor.ap; spec nki-current.md §2.0 item 3) ---
+    def ap(self, pattern, offset=0, scalar_offset=None, vector_offset=None, indirect_dim=0,
+           dtype=None):
+        """A view given by an access pattern ``[[stride, count], ...]`` (elements of ``dtype``,
+        outermost first) starting ``offset`` elements into the tensor's *storage*: ``.ap()``
+        ignores the view it is called on (LG warning). On SBUF/PSUM the first pair is the
+        partition dimension and its stride must equal the storage's free-element count
+        (LG §ap). Strides may be 0 (a broadcast: NL ``core/max/cascaded_max.py``
+        ``value.ap([[1, P], [0, 8]])``). ``scalar_offset`` (a register or a [1, 1] tile)
+        adds ``value * stride`` of the tensor's dimension ``indirect_dim``; ``vector_offset``
+        (a [n, 1] tile of indices) addresses the first pattern dimension indirectly: its i-th
+        row starts at ``vector_offset[i] * stride(indirect_dim)`` (nki-library TensorView
+        ``vector_select``)."""
+        from .access import access_pattern
+        return access_pattern(self, pattern, offset, scalar_offset, vector_offset,
+                              indirect_dim, dtype)
+
+    # --- 0.5.0 view primitives (RN 2.31: NkiTensor slice/select/permute/broadcast/...) ---
+    def permute(self, dims):
+        dims = tuple(int(d) for d in dims)
+        if sorted(dims) != list(range(self.ndim)):
+            raise nki_error("nkisim_invalid_argument", api="permute",
+                            why=f"{list(dims)} is not a permutation of {self.ndim} dimensions")
+        if self.paxis == 0 and dims[0] != 0:
+            raise nki_error("nkisim_invalid_argument", api="permute",
+                            why="the partition dimension of an SBUF/PSUM tensor stays first")
+        return self._derive("permute", lambda a: a.transpose(dims))
+
+    def broadcast(self, dim, size):
+        dim = self._dim(dim, "broadcast")
+        if self.shape[dim] != 1:
+            raise nki_error("nkisim_invalid_argument", api="broadcast",
+                            why=f"dimension {dim} has size {self.shape[dim]}, not 1")
+        shape = self.shape[:dim] + (int(size),) + self.shape[dim + 1:]
+        return self._derive("broadcast", lambda a: np.broadcast_to(a, shape))
+
+    def expand_dim(self, dim):
+        return self._derive("expand_dim", lambda a: np.expand_dims(a, int(dim)))
+
+    def squeeze_dim(self, dim):
+        dim = self._dim(dim, "squeeze_dim")
+        if self.shape[dim] != 1:
+            raise nki_error("nkisim_invalid_argument", api="squeeze_dim",
+                            why=f"dimension {dim} has size {self.shape[dim]}, not 1")
+        return self._derive("squeeze_dim", lambda a: a.squeeze(axis=dim))
+
+    def slice(self, dim, start, end, step=1):
+        dim = self._dim(dim, "slice")
+        key = (slice(None),) * dim + (slice(int(start), int(end), int(step)),)
+        return self._derive("slice", lambda a: a[key])
+
+    def select(self, dim, index):
+        dim = self._dim(dim, "select")
+        i = int(index)
+        if not 0 <= i < self.shape[dim]:
+            raise nki_error("err_tensor_access_out_of_bound", name=self.name, dim=dim, lo=i,
+                            hi=i, size=self.shape[dim])
+        if self.paxis == 0 and dim == 0:
+            raise nki_error("nkisim_invalid_argument", api="select",
+                            why="cannot select on the partition dimension of an SBUF/PSUM "
+                                "tensor (slice it to size 1)")
+        key = (slice(None),) * dim + (i,)
+        return self._derive("select", lambda a: a[key])
+
+    def reshape_dim(self, dim, shape):
+        dim = self._dim(dim, "reshape_dim")
+        shape = tuple(int(s) for s in shape)
+        n = self.shape[dim]
+        if -1 in shape:
+            known = math.prod(s for s in shape if s != -1)
+            shape = tuple(n // known if s == -1 else s for s in shape)
+        if math.prod(shape) != n:
+            raise nki_error("nkisim_invalid_argument", api="reshape_dim",
+                            why=f"cannot split dimension {dim} of size {n} into {list(shape)}")
+        if self.paxis == 0 and dim == 0 and len(shape) != 1:
+            raise nki_error("nkisim_invalid_argument", api="reshape_dim",
+                            why="cannot split the partition dimension of an SBUF/PSUM tensor")
+        new = self.shape[:dim] + shape + self.shape[dim + 1:]
+        return self._derive("reshape_dim", lambda a: _view_reshape(a, new))
+
+    def flatten_dims(self, start_dim, end_dim):
+        a, b = self._dim(start_dim, "flatten_dims"), self._dim(end_dim, "flatten_dims")
+        if self.paxis == 0 and a == 0 and b > 0:
+            raise nki_error("nkisim_invalid_argument", api="flatten_dims",
+                            why="cannot merge the partition dimension of an SBUF/PSUM tensor")
+        new = self.shape[:a] + (math.prod(self.shape[a:b + 1]),) + self.shape[b + 1:]
+        return self._derive("flatten_dims", lambda x: _view_reshape(x, new))
+
+    def is_contiguous(self):
+        if self._idx is not None or self._arr is None:
+            return False
+        return bool(self._arr.flags.c_contiguous)
+
+    def is_indirect(self):
+        return self._idx is not None
+
+    @property
+    def strides(self):
+        """Strides in elements (nki's NkiTensor.strides)."""
+        self._plain("strides")
+        return tuple(st // self._arr.itemsize for st in self._arr.strides)
+
+    @property
+    def offset(self):
+        """Offset of the view's first element in its storage, in elements."""
+        return self._off // self.itemsize
+
+    def _dim(self, d, api):
+        d = int(d)
+        d = d + self.ndim if d < 0 else d
+        if not 0 <= d < self.ndim:
+            raise nki_error("nkisim_invalid_argument", api=api,
+                            why=f"dimension {d} out of range for {self.ndim} dimensions")
+        return d
+
+    def _derive(self, api, fn):
+        """A view made by the same NumPy view operation on the values and their shadow."""
+        self._plain(api)
+        arr = fn(self._arr)
+        w = None if self._w is None else fn(self._w)
+        off = self._off + (_addr(arr) - _addr(self._arr) if arr.size and self._arr.size else 0)
+        return Tensor(arr, w, self.root, self.dtype, arr.shape, self.paxis, None, off)
 
     def astype(self, dtype):
         nl = _ops
@@ -578,6 +746,11 @@ class Tensor:
             return _ops.indirect_getitem(self, key)   # SBUF tiles of indices: indirect DMA
         oob = []
         kind, k = normalize_key(key, self.shape, self.name, oob)
+        if kind == "basic" and self.root.buffer != "hbm" and self.paxis == 0 and k and \
+                not isinstance(k[0], slice) and _keep_partition():
+            # nki 0.3+: "An integer on dim 0 keeps it at size 1" (spec nki-current.md §2.0
+            # item 3, STUB-R32 NkiTensor.__getitem__); Beta 1 drops it
+            k = (slice(k[0], k[0] + 1, 1),) + k[1:]
         if kind == "basic" and self.root.buffer != "hbm" and self.paxis == 0 and k and \
                 isinstance(k[0], slice) and len(self.shape) >= 2 and \
                 sum(isinstance(x, slice) for x in k) + len(self.shape) - len(k) < 2:
@@ -722,6 +895,35 @@ class Tensor:
     @property
     def size(self):
         return math.prod(self.shape)
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def _view_reshape(a: np.ndarray, shape) -> np.ndarray:
+    """``a.reshape(shape)`` that never copies (NKI views share storage)."""
+    try:
+        v = a.view()
+        v.shape = shape            # raises instead of copying
+        return v
+    except (AttributeError, ValueError):
+        raise nki_error("nkisim_unsupported", what="a reshape of this strided view",
+                        why="it would need a copy; reshape a contiguous view") from None
+
+
+def _coarse_shadow(t: Tensor) -> None:
+    """A view of another element size cannot carry a per-element shadow: its elements are
+    counted written (the bytes it covers), so reads through either dtype never report an
+    uninitialised read it caused (a false error would be worse than a missed one)."""
+    if t._w is not None:
+        run = context.maybe_current()
+        t._w[...] = np.maximum(t._w, run.epoch if run is not None else 1)
+
+
+def _keep_partition() -> bool:
+    run = context.maybe_current()
+    return run is not None and run.rules.onchip_keep_partition
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1037,6 +1239,8 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
                 t._w[sel] = run.epoch
     if run.taint is not None:
         _apply_taint(run, t, api, mask)
+    if root.buffer == "psum" and api != "nc_matmul" and psum_init.tracked(root):
+        psum_init.clear(t, mask)     # a non-matmul write ends the accumulation group
 
 
 def _full_idx(idx, t):
