@@ -576,9 +576,8 @@ class Tensor:
         (a [n, 1] tile of indices) addresses the first pattern dimension indirectly: its i-th
         row starts at ``vector_offset[i] * stride(indirect_dim)`` (nki-library TensorView
         ``vector_select``)."""
-        from .access import access_pattern
-        return access_pattern(self, pattern, offset, scalar_offset, vector_offset,
-                              indirect_dim, dtype)
+        return _ops.access_pattern(self, pattern, offset, scalar_offset, vector_offset,
+                                   indirect_dim, dtype)
 
     # --- 0.5.0 view primitives (RN 2.31: NkiTensor slice/select/permute/broadcast/...) ---
     def permute(self, dims):
