@@ -86,7 +86,9 @@ def access_pattern(t: Tensor, pattern, offset=0, scalar_offset=None, vector_offs
     shape = tuple(c for _, c in pairs)
     # storage geometry, in bytes
     owner = _owner(t._arr)
-    start = _addr(t._arr) - t._off            # address of the storage's first byte
+    # address of the storage's first byte: a view's _off counts from the start of the memory it
+    # lives in, which for a direct allocation (address=) is the whole SBUF/PSUM byte array
+    start = _addr(t._arr) - t._off + root.base_off
     if onchip:
         P = rshape[0]
         row_bytes = math.prod(rshape[1:]) * rsz   # the tensor's bytes per partition
@@ -135,7 +137,9 @@ def access_pattern(t: Tensor, pattern, offset=0, scalar_offset=None, vector_offs
                 e0 = byte0 // rsz
                 wst = tuple(st // rsz * 4 for st in strides)
             w = as_strided(flat[e0:e0 + 1], shape=shape, strides=wst)
-    v = Tensor(arr, w, root, dt, shape, 0 if onchip else None, None, byte0)
+    # _off counts from the memory the storage lives in, as for every other view (a direct
+    # allocation's views count from the whole SBUF/PSUM byte array: regions, .ap() of a view)
+    v = Tensor(arr, w, root, dt, shape, 0 if onchip else None, None, byte0 + root.base_off)
     if w is None and root.shadow is not None:
         v._w = _bytes_shadow(root, byte0, strides, shape, rsz, onchip, row_bytes if onchip
                              else 0)

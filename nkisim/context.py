@@ -94,6 +94,12 @@ class Rules:
     outputs_shared_hbm: bool = False
     # nl.copy's result is in the buffer of its source (nki 0.3-0.5), not always SBUF (§2.3).
     copy_same_buffer: bool = False
+    # nl.affine_range & co. are Python ranges, unrolled (nki 0.3+, §2.0 item 4): a tensor
+    # created in such a loop body is created at kernel level (shared_hbm outputs included).
+    unrolled_loops: bool = False
+    # nl.max / nl.sum ... reduce "the last contiguous free dims" only ([1], [1, 2], ...;
+    # STUB-R32 nl.max, §2.3); Beta 1 reduces any free axes.
+    reduce_last_axes: bool = False
 
 
 BETA1 = Rules()

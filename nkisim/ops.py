@@ -538,7 +538,7 @@ def load_transpose2d(src, *, mask=None, dtype=None, **kwargs):
     return t
 
 
-def copy(src, *, mask=None, dtype=None, **kwargs):
+def copy(src, *, mask=None, dtype=None, buffer=None, **kwargs):
     """SBUF/PSUM -> a new SBUF tile (e.g. PSUM evacuation with a cast)."""
     run = context.current()
     x = _tile(src, "copy", "src")
@@ -550,7 +550,7 @@ def copy(src, *, mask=None, dtype=None, **kwargs):
     d["auto_engine"] = True            # the compiler picks the engine (nkisim.cost)
     # nki 0.3-0.5: the result is in the source's buffer (ScalarE activation(copy)); Beta 1 and
     # nki 0.6+: always SBUF (spec nki-current.md §2.3)
-    buf = psum if run.rules.copy_same_buffer and x.root.buffer == "psum" else sbuf
+    buf = buffer or (psum if run.rules.copy_same_buffer and x.root.buffer == "psum" else sbuf)
     return result_tile(run, x.shape, dtype or x.dtype, vals, "tensor_copy", VECTOR, (x,),
                        d, buffer=buf, mask=_mask(mask, x.shape))
 
@@ -914,6 +914,12 @@ def _reduce(name, x, axis, dtype, mask, keepdims):
     run = context.current()
     t = _tile(x, name, "x")
     axes = reduce_axes(t, axis, name)
+    nd = len(_tile_shape(t))
+    if run.rules.reduce_last_axes and sorted(set(axes)) != list(range(nd - len(set(axes)), nd)):
+        raise nki_error("nkisim_invalid_argument", api=f"nl.{name}",
+                        why=f"axis {list(axes)} of a {nd}-D tile: the reduced axes must be the "
+                            f"last contiguous free dimensions (e.g. {list(range(nd - 1, nd))} "
+                            f"or {list(range(1, nd))}); permute the tile first")
     v = read(t, name, run).reshape(_tile_shape(t))
     if name not in ("all",):
         v = dtypes.to_f32(v)

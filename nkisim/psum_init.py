@@ -13,69 +13,63 @@ policy nkisim follows (spec §6 item 5):
 - any other write to PSUM (memset, tensor_copy, activation, ...) clears them (``tensor.write``
   calls ``clear``), as does a new ``nl.ndarray``.
 
-The flags live beside the storage, one byte per storage byte, and a view of any tensor (basic,
-strided, advanced-indexed) finds its flags at the same byte offsets as its values: aliasing views
-share their flags as they share their values. Only allocations a destination-passing matmul
-touched carry flags, so the Beta 1 face (``psum += nisa.nc_matmul(...)``) pays nothing.
+The flags live beside the storage, one byte per storage byte of the allocation, and a view of
+any tensor (basic, strided, ``.ap()``, advanced-indexed) finds its flags at the same byte
+offsets as its values: views of one allocation share its flags. Only allocations a
+destination-passing matmul touched carry flags, so the Beta 1 face (``psum +=
+nisa.nc_matmul(...)``) pays nothing.
 """
 
 from __future__ import annotations
 
+import math
 import weakref
 
 import numpy as np
 
-# Allocation -> (lowest byte address of its storage, uint8 flags, one per storage byte)
+from . import dtypes
+from .errors import nki_error
+
+# Allocation -> uint8 flags, one per byte of its partitions' storage
 _FLAGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _owner(arr: np.ndarray) -> np.ndarray:
-    """The array that owns ``arr``'s memory (through views and ``as_strided`` wrappers)."""
-    a = arr
-    while True:
-        b = a.base
-        if isinstance(b, np.ndarray):
-            a = b
-            continue
-        inner = getattr(b, "base", None)          # as_strided's DummyArray keeps the array
-        if isinstance(inner, np.ndarray):
-            a = inner
-            continue
-        return a
 
 
 def _addr(arr: np.ndarray) -> int:
     return arr.__array_interface__["data"][0]
 
 
-def _bounds(arr: np.ndarray) -> tuple[int, int]:
-    """The byte range ``arr`` spans (``np.byte_bounds``, which NumPy 2 moved)."""
-    lo = hi = _addr(arr)
-    for n, s in zip(arr.shape, arr.strides):
-        if n == 0:
-            return lo, lo
-        if s < 0:
-            lo += (n - 1) * s
-        else:
-            hi += (n - 1) * s
-    return lo, hi + arr.itemsize
-
-
 def _flags_view(t, create: bool):
-    """The uint8 flags of view ``t`` (shape ``t._arr.shape``), or None when untracked."""
+    """The uint8 flags of view ``t`` (shape ``t._arr.shape``), or None when untracked.
+
+    The flags of an allocation are one byte per storage byte of its own partitions: (P, bytes
+    per partition). A view finds its flags from its address: its byte offset from the
+    allocation's first byte splits into a partition (rows ``row_bytes`` apart in the memory the
+    storage lives in: the tile itself, or the whole SBUF/PSUM for a direct ``address=``
+    allocation) and a byte inside the row; its strides map the same way."""
     root = t.root
-    entry = _FLAGS.get(root)
-    if entry is None:
+    flags = _FLAGS.get(root)
+    arr = t._arr
+    nbytes = math.prod(root.shape) * dtypes.storage(root.dtype).itemsize
+    R = root.row_bytes or nbytes
+    if getattr(root, "direct", False):          # rows `R` apart in the whole SBUF/PSUM
+        rowlen = nbytes // max(1, int(root.shape[0]))
+    else:
+        rowlen = R
+    if flags is None:
         if not create:
             return None
-        owner = _owner(t._arr)
-        lo, hi = _bounds(owner)
-        entry = (lo, np.zeros(hi - lo, np.uint8))
-        _FLAGS[root] = entry
-    lo, flags = entry
-    arr = t._arr
-    return np.ndarray(arr.shape, np.uint8, buffer=flags, offset=_addr(arr) - lo,
-                      strides=arr.strides)
+        flags = np.zeros(nbytes, np.uint8)
+        _FLAGS[root] = flags
+    base = _addr(arr) - t._off + getattr(root, "base_off", 0)
+    p, f = divmod(_addr(arr) - base, R)
+    strides = tuple((s // R) * rowlen + s % R if s >= R else s for s in arr.strides)
+    try:
+        return np.ndarray(arr.shape, np.uint8, buffer=flags, offset=p * rowlen + f,
+                          strides=strides)
+    except (ValueError, TypeError):
+        raise nki_error("nkisim_unsupported", what=f"PSUM accumulation state of view of "
+                        f"`{root.name}`", why="the view's layout is not a partition x row "
+                        "view of its allocation") from None
 
 
 def tracked(root) -> bool:

@@ -207,6 +207,7 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
         mutable = set(sig_names) | {f"arg{i}" for i in range(len(sig_names), len(args))} | \
             set(kwargs)
     writeback = []
+    input_buffer = getattr(k, "input_buffer", None)     # the Buffer inputs report
     context.push(run)
     # nkisim runs thousands of small GEMMs (128x128 by 128x512); multi-threaded BLAS only adds
     # synchronization to those and thrashes a loaded machine (measured on 2 cores under load:
@@ -228,6 +229,7 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
                     raise errors.nki_error("nkisim_empty_tensor", what="kernel argument", name=name,
                                     shape=tuple(np.shape(a)))
                 t = from_numpy(np.asarray(a), name, mutable=name in mutable)
+                t.root.buf = input_buffer
                 if name in mutable:
                     mutables[name] = t
                 if writable and isinstance(a, np.ndarray) and t._arr is not a:
@@ -239,6 +241,7 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
         for name, a in kwargs.items():
             if isinstance(a, np.ndarray):
                 t = from_numpy(a, name, mutable=name in mutable)
+                t.root.buf = input_buffer
                 if name in mutable:
                     mutables[name] = t
                 if writable and t._arr is not a:

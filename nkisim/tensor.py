@@ -106,7 +106,7 @@ class Allocation:
     __slots__ = ("id", "buffer", "name", "key", "row_bytes", "p_base", "shadow", "param",
                  "mutable", "live", "pbytes", "banks", "loop", "file", "line", "direct",
                  "dtype", "shape", "epoch", "hi", "gen", "full", "uniform", "taint",
-                 "buf", "__weakref__")
+                 "buf", "base_off", "__weakref__")
 
     def __init__(self, buffer, name, dtype, shape):
         self.buffer = buffer          # "hbm" | "sbuf" | "psum"
@@ -117,6 +117,7 @@ class Allocation:
         self.key = None
         self.row_bytes = 0
         self.p_base = 0
+        self.base_off = 0             # direct allocation: byte offset of its first element
         self.shadow = None
         self.param = False
         self.mutable = False
@@ -212,7 +213,8 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
     if buf.kind == "hbm":
         if fill is not None:
             raise nki_error("err_hbm_tensor_with_init_value_not_supported")
-        if buf.shared and run.nesting == 0 and run.loops:
+        if buf.shared and run.nesting == 0 and run.loops and not (
+                run.rules.unrolled_loops and all(lp.kind == "static" for lp in run.loops)):
             raise nki_error("err_shared_hbm_must_in_kernel_level")
         if buf.shared and run.grid and run.program_ids != (0,) * len(run.grid):
             # SPMD instances share shared_hbm tensors: the n-th created is the same tensor.
@@ -372,6 +374,7 @@ def _allocate_direct(run, buf: DirectAlloc, name, dt, shape, paxis, file, line):
     logical = tuple(blocks) + (P,) + tuple(free)
     a.shadow = np.zeros(logical, np.int32) if run.checks else None
     if not blocks:
+        a.base_off = offs[0]
         return Tensor(slots[0], a.shadow, a, dt, logical, 0, None, offs[0])
     t = Tensor(None, a.shadow, a, dt, logical, paxis, None)
     t._slots = (slots, tuple(blocks), nft, offs)

@@ -47,6 +47,7 @@ def rules() -> _context.Rules:
     return _context.Rules(
         dialect="nki", version=_version.current(),
         onchip_keep_partition=True, broadcast=False, outputs_shared_hbm=True,
+        unrolled_loops=True, reduce_last_axes=True,
         # nl.copy: 0.3-0.5 ScalarE activation(copy), result in the source's buffer; 0.6.0 VectorE
         # tensor_copy, "result always in SBUF" (STUB-R29 vs STUB-R32, RN 2.32; spec §2.3)
         copy_same_buffer=not _version.at_least(0, 6))
@@ -73,6 +74,12 @@ class Kernel(_runtime.Kernel):
     @property
     def rules(self):
         return rules()
+
+    @property
+    def input_buffer(self):
+        """SIM §Execution: "Array arguments become NkiTensors with buffer=nl.hbm, or
+        shared_hbm for LNC2"."""
+        return language.shared_hbm if self.lnc == 2 else language.hbm
 
     @property
     def platform_target(self):
@@ -235,40 +242,62 @@ def _to_torch(out, like):
 
 # --- neuronxcc.nki inside an nki kernel (0.4.0: a compile error; RN 2.30, spec §1, §4) -------
 
-def _is_beta1(obj) -> bool:
-    mod = obj.__name__ if isinstance(obj, types.ModuleType) else \
-        getattr(obj, "__module__", None) if isinstance(obj, types.FunctionType) else None
-    if not isinstance(mod, str):
-        return False
-    return mod.startswith(("neuronxcc.nki", "nkisim.beta1"))
-
-
 def _check_no_beta1(func, seen=None, depth=0) -> None:
-    """The names a kernel's code (and the plain functions it calls, a few levels deep) reads
-    from its module globals must not be ``neuronxcc.nki`` modules: from NKI 0.4.0 "use of
-    neuronxcc.nki.* inside NKI kernels is a compile error" (0.3: a warning)."""
+    """The names a kernel's code (and the plain functions of its module it calls, a few levels
+    deep) reads from its module globals must not be ``neuronxcc.nki`` modules or objects: from
+    NKI 0.4.0 "use of neuronxcc.nki.* inside NKI kernels is a compile error" (0.3: a warning).
+    A name is neuronxcc's when the module's source binds it with an ``import neuronxcc...`` /
+    ``from neuronxcc... import`` statement (the shim serves those from nkisim.beta1, so the
+    objects alone cannot tell), or when it is a real neuronxcc module."""
     seen = set() if seen is None else seen
     code = getattr(func, "__code__", None)
     if code is None or id(code) in seen or depth > 3:
         return
     seen.add(id(code))
     glb = getattr(func, "__globals__", {})
-    for name in _code_names(code):
+    beta1 = _neuronxcc_names(glb.get("__file__"))
+    for name in set(_code_names(code)):
         obj = glb.get(name)
         if obj is None:
             continue
-        if isinstance(obj, types.ModuleType) and obj.__name__.startswith("neuronxcc"):
+        if name in beta1:
+            _beta1_used(func, name, beta1[name])
+        elif isinstance(obj, types.ModuleType) and obj.__name__.startswith("neuronxcc"):
             _beta1_used(func, name, obj.__name__)
-        if isinstance(obj, types.ModuleType) and obj.__name__.startswith("nkisim.beta1") and \
-                _imported_as_neuronxcc(obj):
-            _beta1_used(func, name, "neuronxcc.nki")
-        if isinstance(obj, types.FunctionType) and obj.__module__ == func.__module__:
+        elif isinstance(obj, types.FunctionType) and obj.__module__ == func.__module__:
             _check_no_beta1(obj, seen, depth + 1)
 
 
-def _imported_as_neuronxcc(mod) -> bool:
-    import sys
-    return any(m is mod for n, m in sys.modules.items() if n.startswith("neuronxcc"))
+_SOURCE_NAMES: dict = {}
+
+
+def _neuronxcc_names(path) -> dict:
+    """{bound name: module} of the ``neuronxcc`` imports in the source file ``path``."""
+    if not path or not str(path).endswith(".py"):
+        return {}
+    try:
+        key = (path, os.path.getmtime(path))
+    except OSError:
+        return {}
+    if key not in _SOURCE_NAMES:
+        import ast
+        names = {}
+        try:
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+        except (OSError, SyntaxError, ValueError):
+            tree = None
+        for node in ast.walk(tree) if tree is not None else ():
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.split(".")[0] == "neuronxcc":
+                        names[a.asname or a.name.split(".")[0]] = a.name
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and \
+                    (node.module or "").split(".")[0] == "neuronxcc":
+                for a in node.names:
+                    names[a.asname or a.name] = f"{node.module}.{a.name}"
+        _SOURCE_NAMES[key] = names
+    return _SOURCE_NAMES[key]
 
 
 def _code_names(code):

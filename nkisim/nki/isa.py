@@ -17,6 +17,7 @@ Where releases differ, the face follows ``NKISIM_NKI_VERSION`` (nkisim.nki._vers
 from __future__ import annotations
 
 import enum
+import functools
 import math
 
 import numpy as np
@@ -55,6 +56,48 @@ def _invalid(msg: str) -> _Violation:
     exc = _Violation(msg)
     exc.nki_code = "nki_validation"
     return exc
+
+
+# The core's errors that are hardware-constraint violations (shapes, partitions, dtypes, memory
+# types, engine limits): raised through this face, they are NkiValidationErrors (and
+# AssertionErrors, as the simulator shows them) while keeping their own class, code and message.
+# The kernel checks (uninitialised reads, races, scopes) and nkisim's own limits are left alone.
+_CONSTRAINT_CODES = frozenset({
+    "err_activation_bias_invalid_type", "err_activation_scale_invalid_type",
+    "err_activation_scale_scalar_or_vector", "err_exceed_max_supported_dimension",
+    "err_num_partition_exceed_arch_limit", "err_num_partition_mismatch",
+    "err_size_of_dimension_exceed_arch_limit", "err_unsupported_memory",
+    "err_store_dst_shape_smaller_than_other_shape", "nkisim_matmul_stationary_limit",
+    "nkisim_matmul_moving_limit", "nkisim_matmul_contraction_mismatch", "nkisim_operand_dtype",
+    "nkisim_both_inputs_psum", "nkisim_shape_mismatch", "nkisim_invalid_argument"})
+_AS_VALIDATION: dict = {}
+
+
+def _as_validation(exc: Exception) -> Exception:
+    cls = type(exc)
+    new_cls = _AS_VALIDATION.get(cls)
+    if new_cls is None:
+        try:
+            new_cls = type("NkiValidationError", (_Violation, cls), {"__module__": __name__})
+        except TypeError:            # incompatible layouts: the plain validation error
+            new_cls = _Violation
+        _AS_VALIDATION[cls] = new_cls
+    new = new_cls(*exc.args)
+    new.nki_code = exc.nki_code
+    return new
+
+
+def _validated(fn):
+    """Run a face op, turning the core's constraint errors into NkiValidationErrors."""
+    @functools.wraps(fn)
+    def op(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (ValueError, TypeError, SyntaxError) as e:
+            if getattr(e, "nki_code", None) not in _CONSTRAINT_CODES:
+                raise
+            raise _as_validation(e).with_traceback(e.__traceback__) from None
+    return op
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,6 +302,7 @@ def _fp32_operand(op, api, param):
 # data movement
 
 
+@_validated
 def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown,
              engine=engine.unknown, name=None):
     """``dst = src`` on a DMA queue; HBM or SBUF on each side, never PSUM (MIG 0.2->0.3:
@@ -283,6 +327,7 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode
     return _last(name)
 
 
+@_validated
 def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_mode.error,
                   name=None):
     """Transpose ``src`` (HBM or SBUF) into ``dst`` on the DMA engines. From 0.4.0 ``dst`` must
@@ -301,6 +346,7 @@ def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_m
     return _into(dst, res, api, name)
 
 
+@_validated
 def tensor_copy(dst, src, engine=engine.unknown, name=None):
     """``dst = src`` cast to ``dst.dtype`` on the Vector, Scalar or GpSimd engine: the PSUM ->
     SBUF eviction. GpSimd cannot touch PSUM; "no Scalar-Engine tensor_copy on v2" (STUB-R32)."""
@@ -320,6 +366,7 @@ def tensor_copy(dst, src, engine=engine.unknown, name=None):
 # element-wise
 
 
+@_validated
 def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
     """``dst = data1 <op> data2``: same partitions and elements per partition, no implicit
     broadcast ("use tensor_scalar"); ``data1`` and ``data2`` cannot both be in PSUM."""
@@ -328,6 +375,14 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
     _onchip(dst, api, "dst")
     _onchip(data1, api, "data1")
     _onchip(data2, api, "data2")
+    if eng == _core.engine.unknown:
+        # "nl.power runs on GpSimd (no PSUM). All-int32/uint32 operands default to GpSimd"
+        # (STUB-R32 tensor_tensor; spec §2.4): the engine, hence the no-PSUM rule
+        ints = {np.dtype(np.int32), np.dtype(np.uint32)}
+        if _core._alu_name(_tok(op), api) == "power" or (
+                {data1.dtype, data2.dtype} <= ints and "psum" not in
+                (dst.root.buffer, data1.root.buffer, data2.root.buffer)):
+            eng = _core.engine.gpsimd
     _no_gpsimd_psum(api, eng, dst=dst, data1=data1, data2=data2)
     if data1.root.buffer == "psum" and data2.root.buffer == "psum":
         raise _invalid(f"{api} data1 and data2 cannot both be in PSUM")
@@ -339,6 +394,7 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
     return _into(dst, res, api, name)
 
 
+@_validated
 def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None,
                   reverse1=False, engine=engine.unknown, name=None):
     """``dst = (data <op0> operand0) <op1> operand1``; each operand a scalar or a (P, 1) fp32
@@ -352,11 +408,20 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
             _onchip(o, api, param)
         _fp32_operand(o, api, param)
     _no_gpsimd_psum(api, eng, dst=dst, data=data, operand0=operand0, operand1=operand1)
+    if eng == _core.engine.scalar and context.current().arch.nc_version == 3:
+        # "On trn2 the Scalar Engine only accepts (mul, add), (mul, None) and (add, None)"
+        # (STUB-R32 tensor_scalar; spec §2.4)
+        pair = (_core._alu_name(_tok(op0), api),
+                None if op1 is None else _core._alu_name(_tok(op1), api))
+        if pair not in (("multiply", "add"), ("multiply", None), ("add", None)):
+            raise _invalid(f"{api} on the Scalar engine of gen3 supports (multiply, add), "
+                           f"(multiply, None) and (add, None) as (op0, op1), got {pair}")
     res = _core.tensor_scalar(data, _tok(op0), operand0, reverse0, _tok(op1), operand1, reverse1,
                               dtype=dst.dtype, engine=eng)
     return _into(dst, res, api, name)
 
 
+@_validated
 def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False,
                          reverse1=False, engine=engine.unknown, name=None):
     """``dst = (data <op0> operand0) <op1> operand1``, operand0 a scalar or (P, 1) tile,
@@ -376,6 +441,7 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     return _into(dst, res, api, name)
 
 
+@_validated
 def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, reverse1=False,
                        name=None):
     """``dst[:, i] = (data0[:, i] <op0> dst[:, i-1]) <op1> data1[:, i]`` along the free axis,
@@ -389,6 +455,7 @@ def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, rev
     return _into(dst, res, api, name)
 
 
+@_validated
 def reciprocal(dst, data, engine=engine.unknown, name=None):
     """``dst = 1 / data``."""
     api = "reciprocal"
@@ -400,6 +467,7 @@ def reciprocal(dst, data, engine=engine.unknown, name=None):
     return _into(dst, res, api, name)
 
 
+@_validated
 def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
                reduce_cmd=reduce_cmd.idle, name=None):
     """``dst = op(data * scale + bias)`` in fp32 on the Scalar Engine; ``scale`` a scalar or a
@@ -422,6 +490,7 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
     return _into(dst, res, api, name)
 
 
+@_validated
 def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0, name=None):
     """``activation`` that also reduces its result along the free dims into ``reduce_res``."""
     return activation(dst, op, data, bias=bias, scale=scale, reduce_op=reduce_op,
@@ -432,6 +501,7 @@ def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0
 # reductions
 
 
+@_validated
 def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
     """Reduce free axes of ``data`` with ``op`` into ``dst``. The axes must be the last
     contiguous free dims ending at the final dim (``(3,)``, ``(2, 3)``, ``(1, 2, 3)`` for 4-D;
@@ -455,6 +525,7 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
     return _into(dst, res, api, name)
 
 
+@_validated
 def tensor_partition_reduce(dst, op, data, name=None):
     """Reduce across the partitions of ``data`` (GpSimd): ``dst`` is (1, free...)."""
     api = "tensor_partition_reduce"
@@ -464,6 +535,7 @@ def tensor_partition_reduce(dst, op, data, name=None):
     return _into(dst, res, api, name)
 
 
+@_validated
 def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, reverse0=False,
                          name=None):
     """``dst = data <op0> operand0`` and its reduction over the free dims into ``reduce_res``
@@ -491,6 +563,7 @@ def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, r
     return _into(dst, res, api, name)
 
 
+@_validated
 def max8(dst, src, name=None):
     """The 8 largest values of each partition of ``src``, descending, into ``dst`` (P, 8)."""
     api = "max8"
@@ -499,6 +572,7 @@ def max8(dst, src, name=None):
     return _into(dst, _core.max8(src=src, dtype=dst.dtype), api, name)
 
 
+@_validated
 def nc_find_index8(dst, data, vals, name=None):
     """Index of the first occurrence of each of the 8 ``vals`` in each partition of ``data``;
     ``dst`` uint16 or uint32."""
@@ -509,6 +583,7 @@ def nc_find_index8(dst, data, vals, name=None):
     return _into(dst, _core.nc_find_index8(data=data, vals=vals, dtype=dst.dtype), api, name)
 
 
+@_validated
 def nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None):
     """``dst`` = ``data`` with the first occurrence of each of the 8 ``vals`` replaced by
     ``imm``; the indices of the matches into ``dst_idx``."""
@@ -531,6 +606,7 @@ def _core_reduce_cmd(value, api):
     return getattr(_core.reduce_cmd, rc.name)
 
 
+@_validated
 def select_reduce(dst, predicate, on_true, on_false, reduce_res=None,
                   reduce_cmd=reduce_cmd.idle, reduce_op=_ops.maximum, reverse_pred=False,
                   name=None):
@@ -545,6 +621,7 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None,
     return _last(name)
 
 
+@_validated
 def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1,
                  reduce_cmd=reduce_cmd.idle, reduce_res=None, reduce_op=_ops.maximum,
                  range_start=0, on_false_value=_ops.fp32.min, name=None):
@@ -567,6 +644,7 @@ def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1,
 # constants and selection
 
 
+@_validated
 def memset(dst, value, engine=engine.unknown, name=None):
     """Fill ``dst`` with ``value`` (Vector or GpSimd). From 0.3.0 "the value's type must match
     dst.dtype" (MIG 0.2->0.3: ``2`` not ``2.0`` for int32). nkisim rejects a float value for an
@@ -587,6 +665,7 @@ def memset(dst, value, engine=engine.unknown, name=None):
     return _into(dst, res, api, name)
 
 
+@_validated
 def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
     """``dst[p, ...] = offset + p * channel_multiplier + sum(step_i * idx_i)`` for ``pattern =
     [[step, num], ...]`` (up to 4 free dims), int32 arithmetic cast to ``dst.dtype``; dst in
@@ -597,6 +676,7 @@ def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
     return _into(dst, res, api, name)
 
 
+@_validated
 def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value,
                   cmp_op=_ops.equal, offset=0, name=None):
     """``dst = on_true_tile`` where ``cmp_op(offset + p * channel_multiplier + sum(step_i *
@@ -615,6 +695,7 @@ def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value
     return _into(dst, res, api, name)
 
 
+@_validated
 def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
     """Copy ``src`` (a tile or a number) into ``dst`` where ``predicate`` is true (false with
     ``reverse_pred``); other elements of ``dst`` keep their values."""
@@ -628,6 +709,7 @@ def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
     return _last(name)
 
 
+@_validated
 def dropout(dst, data, prob, name=None):
     """Zero each element of ``data`` with probability ``prob`` (a scalar or a (P, 1) tile)."""
     api = "dropout"
@@ -640,6 +722,7 @@ def dropout(dst, data, prob, name=None):
 # statistics, gathers, shuffles
 
 
+@_validated
 def bn_stats(dst, data, name=None):
     """Per partition (count, mean, variance*count) of the even then odd elements: dst (P, 6)."""
     api = "bn_stats"
@@ -648,6 +731,7 @@ def bn_stats(dst, data, name=None):
     return _into(dst, _core.bn_stats(data, dtype=dst.dtype), api, name)
 
 
+@_validated
 def bn_aggr(dst, data, name=None):
     """Aggregate bn_stats triples into (mean, variance) per partition: dst (P, 2)."""
     api = "bn_aggr"
@@ -656,6 +740,7 @@ def bn_aggr(dst, data, name=None):
     return _into(dst, _core.bn_aggr(data, dtype=dst.dtype), api, name)
 
 
+@_validated
 def local_gather(dst, src_buffer, index, num_elem_per_idx=1, num_valid_indices=None,
                  name=None):
     """GpSimd gather inside each group of 16 partitions (SBUF only)."""
@@ -667,6 +752,7 @@ def local_gather(dst, src_buffer, index, num_elem_per_idx=1, num_valid_indices=N
     return _into(dst, res, api, name)
 
 
+@_validated
 def sequence_bounds(dst, segment_ids, name=None):
     """[start, end) of the segment of each element of a (1, n) tile of ids: dst (1, 2, n)."""
     api = "sequence_bounds"
@@ -676,6 +762,7 @@ def sequence_bounds(dst, segment_ids, name=None):
                  name)
 
 
+@_validated
 def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
     """Move partitions inside each 32-partition quadrant: ``dst[q*32 + i] = src[q*32 +
     shuffle_mask[i]]``, 255 leaves ``dst[q*32 + i]`` unchanged. ``dst`` comes first since NKI
@@ -691,6 +778,7 @@ def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
 # Tensor Engine
 
 
+@_validated
 def nc_transpose(dst, data, engine=engine.unknown, name=None):
     """Swap the partition and (flattened) free axes. Tensor Engine: SBUF -> PSUM, <= [128, 128];
     Vector Engine: <= [32, 32], SBUF or PSUM on either side; ``engine=unknown`` picks by shape.
@@ -715,6 +803,7 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None):
     return _into(dst, res, api, name)
 
 
+@_validated
 def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False,
               is_transpose=False, accumulate=None, tile_position=(), tile_size=(),
               perf_mode=matmul_perf_mode.none, name=None):
@@ -734,7 +823,14 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     _onchip(dst, api, "dst", ("psum",))
     _onchip(stationary, api, "stationary", ("sbuf",))
     _onchip(moving, api, "moving", ("sbuf",))
-    if dst.dtype != np.dtype(np.float32):
+    if is_transpose:
+        # a PE transpose (stationary.T @ identity) keeps the data's dtype, as nc_transpose
+        # does ("dst.dtype must equal data.dtype"); AWS's nki-library core/max/cascaded_max.py
+        # transposes into a PSUM tile of the value's dtype with is_transpose=True
+        if dst.dtype != stationary.dtype:
+            raise _invalid(f"{api} with is_transpose=True: dst dtype {dtypes.name(dst.dtype)} "
+                           f"must equal the stationary dtype {dtypes.name(stationary.dtype)}")
+    elif dst.dtype != np.dtype(np.float32):
         gen = nc_version(run.arch.nc_version).name
         raise _invalid(f"{api} dst dtype must be float32 on {gen}, got "
                        f"{dtypes.name(dst.dtype)}")
@@ -817,5 +913,5 @@ def _dynamic_copy(attr):
                          attr, name)
         _core.tensor_copy_dynamic_dst(dst=dst, src=src, engine=eng)
         return _last(name)
-    fn.__name__ = attr
-    return fn
+    fn.__name__ = fn.__qualname__ = attr
+    return _validated(fn)

@@ -280,7 +280,21 @@ def ndarray_like(a, dtype=None, buffer=sbuf, name=""):
 empty_like = ndarray_like
 
 shared_constant = _ops.shared_constant
-shared_identity_matrix = _ops.shared_identity_matrix
+
+
+def shared_identity_matrix(n, dtype=uint8):
+    """An ``(n, n)`` identity matrix in SBUF. nki-library's kernels (AWS-tested on device) use
+    the result as an on-chip operand: ``identity_sb = nl.shared_identity_matrix(d_head, ...)``
+    then ``identity_sb.ap(...)`` as a tensor_copy source (core/embeddings/rope.py) and as a
+    matmul operand (moe_tkg/all_expert_impl.py). The constant reaches SBUF by a DMA."""
+    n = int(n)
+    hbm_const = _ops.shared_identity_matrix(n, dtype=dtype)
+    t = _allocate((n, n), hbm_const.dtype, buffer=sbuf, name="identity",
+                  api="nl.shared_identity_matrix")
+    run = context.current()
+    _ops._dma(t, hbm_const, _ops.read(hbm_const, "shared_identity_matrix", run),
+              "shared_identity_matrix", run)
+    return t
 
 # ---------------------------------------------------------------------------------------------
 # tile sizes (nki/api/nki.language.tile_size.rst @R32; RN 2.30, 2.31)
@@ -477,7 +491,13 @@ def store(dst, value):
 
 def matmul(x, y, transpose_x=False):
     """``x.T @ y`` (``transpose_x=True``) or ``x @ y`` into a new PSUM tile. It cannot
-    accumulate into an existing tile: use nisa.nc_matmul (STUB-R32)."""
+    accumulate into an existing tile: use nisa.nc_matmul (STUB-R32). In 0.3 and 0.4 it "fails
+    unless transpose_x=True" (RN 2.29/2.30 known issue; spec §2.3)."""
+    if not transpose_x and not _version.at_least(0, 5):
+        raise NotImplementedError(
+            "nl.matmul fails unless transpose_x=True in NKI "
+            f"{'.'.join(map(str, _version.current()))} (known issue, release notes 2.29/2.30): "
+            "pass x already transposed with transpose_x=True, or use nisa.nc_matmul")
     return _matmul(x, y, transpose_x=transpose_x)
 
 

@@ -147,3 +147,28 @@ def test_untracked_psum_costs_nothing_and_reports_clear():
     k(np.ones((4, 8), np.float32))
     assert seen["tracked"] is False
     assert not seen["flags"].any()
+
+
+def test_flags_of_address_placed_psum_tiles_are_per_allocation_and_small():
+    # a direct allocation lives in the whole PSUM byte array; its flags cover its own
+    # partitions' bytes only, and a new allocation at the same address starts clear
+    from nkisim.nki import language as nl
+    seen = {}
+
+    @nki.jit
+    def k():
+        a = nl.ndarray((8, 16), dtype=nl.float32, buffer=nl.psum, address=(0, 2048))
+        psum_init.mark(a[2:4, 4:12])
+        seen["a"] = psum_init.get(a).copy()
+        seen["size"] = psum_init._FLAGS[a.root].size
+        b = nl.ndarray((8, 16), dtype=nl.float32, buffer=nl.psum, address=(0, 2048))
+        seen["b"] = psum_init.get(b).copy()
+        seen["ap"] = psum_init.get(a.ap([[16, 8], [2, 8]], offset=0)).copy()
+
+    k()
+    expect = np.zeros((8, 16), bool)
+    expect[2:4, 4:12] = True
+    np.testing.assert_array_equal(seen["a"], expect)
+    assert seen["size"] == 8 * 16 * 4
+    assert not seen["b"].any()
+    np.testing.assert_array_equal(seen["ap"], expect[:, 0::2])

@@ -362,6 +362,32 @@ def test_tensor_tensor_gpsimd_never_psum():
         k(rand((4, 4)))
 
 
+def test_tensor_tensor_power_and_int32_operands_run_on_gpsimd():
+    a, b = rand((8, 6), 0.5, 2), rand((8, 6), 0.5, 2)
+    i, j = RNG.integers(-50, 50, (8, 6)).astype(np.int32), RNG.integers(-50, 50, (8, 6)).astype(
+        np.int32)
+
+    @nki.jit
+    def k(x, y, u, v):
+        c = sb(x.shape)
+        nisa.tensor_tensor(c, load(x), load(y), ops.power)
+        d = sb(u.shape, np.int32)
+        nisa.tensor_tensor(d, load(u), load(v), ops.add)
+        return out_of(c), out_of(d)
+
+    c, d = k(a, b, i, j)
+    np.testing.assert_allclose(c, a ** b, rtol=1e-6)
+    np.testing.assert_array_equal(d, i + j)
+    assert [x.engine for x in instrs("tensor_tensor")] == ["gpsimd", "gpsimd"]
+
+    @nki.jit
+    def k2(x, y):
+        nisa.tensor_tensor(ps(x.shape), load(x), load(y), ops.power)
+
+    with pytest.raises(AssertionError, match="GpSimd engine cannot access PSUM"):
+        k2(a, b)
+
+
 def test_partition_limit_message_matches_the_simulator_docs():
     # SIM: "AssertionError: tensor_tensor data1 partition dimension 256 exceeds maximum 128".
     # No allocation gives 256 partitions, so build such a view over a real tile's storage.
@@ -389,6 +415,22 @@ def test_tensor_scalar_scalar_and_vector_operands_with_reverse():
         return out_of(c, np.float32)
 
     np.testing.assert_array_equal(k(a, v), bf16((v - a) * np.float32(3.0)))
+
+
+def test_tensor_scalar_on_the_trn2_scalar_engine_takes_mul_add_only():
+    a = rand((8, 8))
+
+    @nki.jit
+    def k(x, op0, op1):
+        c = sb(x.shape)
+        nisa.tensor_scalar(c, load(x), op0, 2.0, op1=op1, operand1=None if op1 is None else 1.0,
+                           engine=nisa.engine.scalar)
+        return out_of(c)
+
+    np.testing.assert_array_equal(k(a, ops.multiply, ops.add), a * 2 + 1)
+    np.testing.assert_array_equal(k(a, ops.add, None), a + 2)
+    with pytest.raises(AssertionError, match="Scalar engine of gen3 supports"):
+        k(a, ops.maximum, None)
 
 
 def test_tensor_scalar_vector_operand_must_be_fp32():
@@ -815,6 +857,22 @@ def test_nc_transpose_tensor_engine_writes_psum_only():
         k(rand((128, 64)))
 
 
+def test_nc_transpose_explicit_engine_is_ignored_before_0_4(monkeypatch):
+    # RN 2.30: before 0.4.0 an explicit engine was silently ignored (the shape decides)
+    @nki.jit
+    def k(x):
+        p = ps((64, 128))
+        nisa.nc_transpose(p, load(x), engine=nisa.engine.vector)
+        return out_of(p)
+
+    a = rand((128, 64))
+    with pytest.raises(Exception, match="vector engine"):
+        k(a)
+    monkeypatch.setenv("NKISIM_NKI_VERSION", "0.3")
+    np.testing.assert_array_equal(k(a), a.T)
+    assert one("nc_transpose").engine == "tensor"
+
+
 def test_nc_transpose_vector_engine_in_sbuf():
     a = rand((32, 20))
 
@@ -970,6 +1028,52 @@ def test_matmul_memory_and_dtype_rules(case, match):
 
     with pytest.raises(nisa.NkiValidationError, match=match):
         k(W, X)
+
+
+def test_matmul_is_transpose_keeps_the_data_dtype():
+    a = rand((64, 32)).astype(BF16)
+
+    @nki.jit
+    def k(x, ident):
+        p = ps((32, 64), BF16)
+        nisa.nc_matmul(p, load(x), load(ident), is_transpose=True)
+        return out_of(p)
+
+    np.testing.assert_array_equal(k(a, np.eye(64, dtype=BF16)), a.T)
+
+    @nki.jit
+    def k2(x, ident):
+        nisa.nc_matmul(ps((32, 64)), load(x), load(ident), is_transpose=True)
+
+    with pytest.raises(AssertionError, match="dst dtype float32 must equal the stationary "
+                                             "dtype bfloat16"):
+        k2(a, np.eye(64, dtype=BF16))
+
+
+def test_core_constraint_errors_are_validation_errors_of_their_own_class_too():
+    # contraction (partition) sizes 8 and 16 differ: the core's check, raised through the face
+    @nki.jit
+    def k(w, x):
+        nisa.nc_matmul(ps((32, 16)), load(w), load(x))
+
+    with pytest.raises(nisa.NkiValidationError, match="\\[8, 32\\].*\\[16, 16\\]") as e:
+        k(W, rand((16, 16)))
+    assert isinstance(e.value, AssertionError) and isinstance(e.value, ValueError)
+    assert e.value.nki_code == "nkisim_matmul_contraction_mismatch"
+
+
+def test_kernel_checks_are_not_validation_errors():
+    # reading never-written SBUF into an output is the uninitialised-read check, not a
+    # hardware constraint
+    @nki.jit
+    def k(x):
+        c = sb(x.shape)
+        nisa.tensor_tensor(c, load(x), sb(x.shape), ops.add)
+        return out_of(c)
+
+    with pytest.raises(ValueError) as e:
+        k(rand((4, 4)))
+    assert not isinstance(e.value, nisa.NkiValidationError)
 
 
 def test_matmul_accumulate_must_be_a_bool_or_none():
@@ -1142,3 +1246,23 @@ def test_tensor_copy_dynamic_ops_only_in_0_3(monkeypatch):
     monkeypatch.setenv("NKISIM_NKI_VERSION", "0.3")
     assert callable(nisa.tensor_copy_dynamic_src)
     assert math.isfinite(1.0)
+
+
+def test_writes_through_an_ap_view_of_an_address_placed_tile():
+    # nki-library's TensorView writes through .ap() views of SbufManager tiles placed with
+    # nl.ndarray(address=...): the view must address that tile's own storage
+    from nkisim.nki import language as nl
+    a = np.arange(256, dtype=np.float32).reshape(64, 4)
+
+    @nki.jit
+    def k(x):
+        t = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf, address=(0, 1024))
+        nisa.memset(t, 0.0)
+        s = nl.ndarray((64, 4), dtype=nl.float32, buffer=nl.sbuf, address=(0, 4096))
+        nisa.dma_copy(dst=s, src=x)
+        nisa.tensor_copy(dst=t.ap(pattern=[[8, 64], [1, 4]], offset=64 * 8 + 2), src=s)
+        return out_of(t)
+
+    expect = np.zeros((128, 8), np.float32)
+    expect[64:, 2:6] = a
+    np.testing.assert_array_equal(k(a), expect)

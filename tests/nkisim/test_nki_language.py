@@ -637,3 +637,59 @@ def test_isa_constants_submodule_through_the_shim():
         if was[0]:
             shim._serving.update(was[1])
             sys.meta_path.insert(0, shim._finder)
+
+
+def test_shared_identity_matrix_is_an_sbuf_tile():
+    # nki-library core/embeddings/rope.py: identity_sb.ap(...) as a tensor_copy source
+    seen = []
+
+    def k(a):
+        ident = nl.shared_identity_matrix(8, dtype=nl.float32)
+        seen.append(ident.buffer)
+        out = nl.ndarray((8, 8), dtype=np.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=ident)
+        return out
+    np.testing.assert_array_equal(run(k, rand((1, 1))), np.eye(8, dtype=np.float32))
+    assert seen == [nl.sbuf]
+
+
+def test_outputs_created_inside_unrolled_loops():
+    # every nki loop is an unrolled Python range (§2.0 item 4): no loop scope for outputs
+    def k(a):
+        outs = []
+        for i in nl.affine_range(2):
+            o = nl.ndarray((128, 4), dtype=a.dtype, buffer=nl.shared_hbm)
+            nl.store(o, nl.multiply(nl.load(a), float(i + 1)))
+            outs.append(o)
+        return tuple(outs)
+    a = rand((128, 4))
+    o1, o2 = run(k, a)
+    np.testing.assert_array_equal(o1, a)
+    np.testing.assert_array_equal(o2, a * 2)
+
+
+def test_reductions_must_take_the_last_axes():
+    def k(a):
+        out = nl.ndarray((128, 6), dtype=a.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.max(nl.load(a), axis=1))
+        return out
+    with pytest.raises(ValueError, match="last contiguous free dimensions"):
+        run(k, rand((128, 4, 6)))
+
+
+@pytest.mark.parametrize("version,fails", [("0.3", True), ("0.4", True), ("0.5", False)])
+def test_matmul_without_transpose_x_by_release(monkeypatch, version, fails):
+    def k(x, y):
+        m = nl.matmul(nl.load(x), nl.load(y))            # x @ y: x is (M=128, K=128)
+        out = nl.ndarray(m.shape, dtype=np.float32, buffer=nl.shared_hbm)
+        s = nl.ndarray(m.shape, dtype=np.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=s, src=m)
+        nl.store(out, s)
+        return out
+    monkeypatch.setenv("NKISIM_NKI_VERSION", version)
+    x, y = rand((128, 128)), rand((128, 64))
+    if fails:
+        with pytest.raises(NotImplementedError, match="transpose_x=True"):
+            run(k, x, y)
+    else:
+        np.testing.assert_allclose(run(k, x, y), x @ y, rtol=1e-4, atol=1e-4)

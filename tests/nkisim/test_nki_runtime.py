@@ -282,22 +282,104 @@ def test_a_real_nki_package_is_detected(tmp_path, monkeypatch):
     assert shim.real_nki_available()
 
 
-def test_neuronxcc_nki_inside_an_nki_kernel(served, monkeypatch):
-    ns = {}
-    exec(compile("import numpy as np\n"
-                 "import neuronxcc.nki.language as bnl\n"
-                 "import nki, nki.language as nl\n"
-                 "def k(a):\n"
-                 "    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)\n"
-                 "    nl.store(out, bnl.load(a))\n"
-                 "    return out\n", "<beta1_in_nki>", "exec"), ns)
-    k = nki.jit(ns["k"])
+def test_neuronxcc_nki_inside_an_nki_kernel(served, monkeypatch, tmp_path):
+    (tmp_path / "beta1_in_nki.py").write_text(
+        "import neuronxcc.nki.language as bnl\n"
+        "from neuronxcc.nki.isa import nc_transpose\n"
+        "import nki, nki.language as nl\n"
+        "def helper(a):\n"
+        "    return bnl.load(a)\n"
+        "def k(a):\n"
+        "    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)\n"
+        "    nl.store(out, helper(a))\n"
+        "    return out\n"
+        "def clean(a):\n"
+        "    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)\n"
+        "    nl.store(out, nl.load(a))\n"
+        "    return out\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mod = importlib.import_module("beta1_in_nki")
+    k = nki.jit(mod.k)
     a = rand((128, 4))
-    # 0.4.0+: a compile error (RN 2.30)
-    with pytest.raises(ValueError, match="neuronxcc.nki inside an NKI kernel"):
+    # 0.4.0+: a compile error (RN 2.30), also through a helper the kernel calls
+    with pytest.raises(ValueError, match="`bnl` is neuronxcc.nki.language.*since NKI 0.4.0"):
         k(a)
+    np.testing.assert_array_equal(nki.jit(mod.clean)(a), a)    # a clean kernel of that module
     # 0.3: a deprecation warning, and it runs
     monkeypatch.setenv("NKISIM_NKI_VERSION", "0.3")
     with pytest.warns(DeprecationWarning, match="neuronxcc.nki inside NKI kernels"):
         out = k(a)
     np.testing.assert_array_equal(out, a)
+
+
+def test_inputs_are_hbm_or_shared_hbm_under_lnc2():
+    seen = []
+
+    @nki.jit
+    def k(a):
+        seen.append(a.buffer)
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        if nl.program_id(0) == 0:
+            nl.store(out, nl.load(a))
+        return out
+    a = rand((128, 4))
+    k(a)
+    nki.simulate(k[2])(a)
+    assert seen[0] == nl.hbm and seen[0] != nl.shared_hbm
+    assert seen[1:] == [nl.shared_hbm, nl.shared_hbm]
+
+
+def test_nkisim_run_serves_import_nki(tmp_path):
+    import subprocess
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import numpy as np\n"
+        "import nki, nki.language as nl, nki.isa as nisa\n"
+        "@nki.jit\n"
+        "def k(a):\n"
+        "    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)\n"
+        "    t = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)\n"
+        "    nisa.dma_copy(dst=t, src=a)\n"
+        "    nisa.activation(dst=t, op=nl.exp, data=t)\n"
+        "    nisa.dma_copy(dst=out, src=t)\n"
+        "    return out\n"
+        "a = np.linspace(-1, 1, 128 * 4, dtype=np.float32).reshape(128, 4)\n"
+        "print('ok', np.allclose(k(a), np.exp(a), rtol=1e-6), nki.__version__)\n")
+    r = subprocess.run([sys.executable, "-m", "nkisim", "run", str(script)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "ok True 0.7.0+nkisim" in r.stdout
+
+
+def test_install_leaves_a_real_nki_alone_and_serves_past_the_placeholder(tmp_path, monkeypatch):
+    saved = {n: m for n, m in sys.modules.items() if n.split(".")[0] in ("nki", "neuronxcc")}
+    was = shim._hook_active(), set(shim._serving)
+    shim.uninstall()
+    try:
+        real, fake = tmp_path / "real", tmp_path / "placeholder"
+        real.mkdir()
+        fake.mkdir()
+        _fake_nki(real, real=True)
+        _fake_nki(fake, real=False)
+        monkeypatch.syspath_prepend(str(real))
+        importlib.invalidate_caches()
+        shim.install()
+        assert not shim.serves_nki()
+        import nki as got
+        assert got.__file__.startswith(str(real))
+        shim.uninstall()
+        del sys.modules["nki"]
+        monkeypatch.syspath_prepend(str(fake))    # the placeholder first on the path
+        importlib.invalidate_caches()
+        shim.install()
+        assert shim.serves_nki()
+        import nki as got2
+        assert got2 is importlib.import_module("nkisim.nki")
+    finally:
+        shim.uninstall()
+        for n in [n for n in sys.modules if n.split(".")[0] in ("nki", "neuronxcc")]:
+            del sys.modules[n]
+        sys.modules.update(saved)
+        if was[0]:
+            shim._serving.update(was[1])
+            sys.meta_path.insert(0, shim._finder)
