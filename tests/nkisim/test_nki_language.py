@@ -693,3 +693,26 @@ def test_matmul_without_transpose_x_by_release(monkeypatch, version, fails):
             run(k, x, y)
     else:
         np.testing.assert_allclose(run(k, x, y), x @ y, rtol=1e-4, atol=1e-4)
+
+
+def test_rearrange_and_vector_select():
+    def k(a, idx):
+        t = nl.ndarray((128, 24), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=a)
+        v = t.rearrange(("p", ("h", "w")), ("p", "w", "h"), {"h": 4})
+        o1 = nl.ndarray(v.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        s = nl.ndarray(v.shape, dtype=a.dtype, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=s, src=v)
+        nisa.dma_copy(dst=o1, src=s)
+        i_sb = nl.ndarray((3, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=i_sb, src=idx)
+        rows = nl.ndarray((3, 24), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=rows, src=a.vector_select(0, i_sb))
+        o2 = nl.ndarray((3, 24), dtype=a.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=o2, src=rows)
+        return o1, o2
+    a = rand((128, 24))
+    idx = np.array([[5], [127], [5]], np.int32)
+    o1, o2 = run(k, a, idx)
+    np.testing.assert_array_equal(o1, a.reshape(128, 4, 6).transpose(0, 2, 1))
+    np.testing.assert_array_equal(o2, a[[5, 127, 5]])
