@@ -716,3 +716,18 @@ def test_rearrange_and_vector_select():
     o1, o2 = run(k, a, idx)
     np.testing.assert_array_equal(o1, a.reshape(128, 4, 6).transpose(0, 2, 1))
     np.testing.assert_array_equal(o2, a[[5, 127, 5]])
+
+
+def test_dtypes_print_and_hash_like_the_real_string_constants():
+    # nki-library core/utils/allocator.py: `str(dtype) == str(nl.float32)` with a tensor's dtype
+    seen = {}
+
+    def k(a):
+        t = nl.ndarray((128, 4), dtype=nl.bfloat16, buffer=nl.sbuf)
+        seen.update(f32=a.dtype, bf16=t.dtype)
+        return a
+    run(k, rand((128, 4)))
+    for name in ("float32", "bfloat16", "int32", "uint8", "float8_e4m3", "bool"):
+        assert str(getattr(nl, name if name != "bool" else "bool_")) == name
+    assert str(seen["f32"]) == str(nl.float32) and str(seen["bf16"]) == str(nl.bfloat16)
+    assert {nl.float32: 4, nl.bfloat16: 2}[seen["f32"]] == 4
