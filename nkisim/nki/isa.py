@@ -841,38 +841,40 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     _same_elements(dst, res, api)
     instr = res._producer
     inc = fit(values(res), dst.shape, res.shape)
-    init = psum_init.get(dst)
+    init = psum_init.get(dst)        # per element: did a matmul initialise it?
+    init_all = bool(init.all())
+    init_any = init_all or bool(init.any())
     if accumulate is None:
-        add = init
+        add_all, add_any = init_all, init_any
     elif accumulate:
-        add = np.ones(dst.shape, bool)
-        if not init.all() and at_least("0.5"):
+        add_all = add_any = True
+        if not init_all and at_least("0.5"):
             run.warn(("nc_matmul_accumulate_uninit", dst.root.id),
                      f"nc_matmul(accumulate=True) into PSUM `{dst.name}` that no matmul "
                      "initialised: the result is undefined on hardware; start the group with "
                      "accumulate=False (nki.isa.nc_matmul docs)")
     else:
-        add = np.zeros(dst.shape, bool)
-    if add.any():
-        # the accumulation reads the partial sums: exempt from the race checks, as for
+        add_all = add_any = False
+    if add_any:
+        # the accumulation reads the partial sums a matmul wrote (where no matmul did, True
+        # adds garbage and was warned about): exempt from the race checks, as for
         # `psum += nisa.nc_matmul(...)` (an associative reduction)
-        chk = add & init          # partial sums a matmul wrote (True on unset ones: warned)
-        if dst._w is not None and chk.any():
-            checks.check_read(run, dst if chk.all() else _masked_shadow_view(dst, chk, run),
+        if dst._w is not None and init_any:
+            checks.check_read(run, dst if init_all else _masked_shadow_view(dst, init, run),
                               "nc_matmul (accumulate)", accumulate=True)
-        if add.all() and dst._idx is None and values(dst).dtype == np.float32:
+        if add_all and dst._idx is None and values(dst).dtype == np.float32:
             write(dst, None, api, accumulate=True, run=run, add=inc)    # in place, one pass
         else:
             cur = np.asarray(values(dst), np.float32)
-            vals = cur + inc if add.all() else np.where(add, cur + inc, inc)
+            vals = cur + inc if add_all else np.where(init, cur + inc, inc)
             write(dst, vals, api, accumulate=True, run=run)
     else:
         write(dst, inc, api, run=run)
     inherit_taint(dst, res)
-    if not init.all():
+    if not init_all:
         psum_init.mark(dst)
     instr.writes = (region(dst),)
-    instr.detail["accumulate"] = bool(add.any())
+    instr.detail["accumulate"] = add_any
     run.memory.release(res.root)
     res._producer = None
     return _handle(instr, name)
