@@ -292,7 +292,9 @@ def _tok(op):
 
 
 def _fp32_operand(op, api, param):
-    """tensor_scalar / activation vector operands "must be fp32" (STUB-R32 tensor_scalar)."""
+    """tensor_scalar's (P, 1) tile operands "must be fp32" (STUB-R32 tensor_scalar). Only
+    tensor_scalar documents it: scalar_tensor_tensor and tensor_scalar_reduce are not held to
+    it (nki-library passes them operand0 tiles of the weights' scale dtype)."""
     if isinstance(op, Tensor) and op.dtype != np.dtype(np.float32):
         raise _invalid(f"{api} {param} must be float32 when it is a tile, got "
                        f"{dtypes.name(op.dtype)}")
@@ -431,7 +433,6 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     _onchip(dst, api, "dst")
     _onchip(data, api, "data")
     _onchip(operand1, api, "operand1")
-    _fp32_operand(operand0, api, "operand0")
     _no_gpsimd_psum(api, eng, dst=dst, data=data, operand0=operand0, operand1=operand1)
     if data.root.buffer == "psum" and operand1.root.buffer == "psum":
         raise _invalid(f"{api} data and operand1 cannot both be in PSUM")
@@ -543,7 +544,6 @@ def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, r
     api = "tensor_scalar_reduce"
     _onchip(dst, api, "dst")
     _onchip(data, api, "data")
-    _fp32_operand(operand0, api, "operand0")
     scratch = None
     if reduce_res is None:
         if not at_least("0.6"):
