@@ -83,6 +83,8 @@ def _as_validation(exc: Exception) -> Exception:
             new_cls = _Violation
         _AS_VALIDATION[cls] = new_cls
     new = new_cls(*exc.args)
+    if isinstance(new, SyntaxError):          # NKISyntaxError's message lives in .msg
+        new.msg = getattr(exc, "msg", str(exc))
     new.nki_code = exc.nki_code
     return new
 

@@ -1076,6 +1076,17 @@ def test_core_constraint_errors_are_validation_errors_of_their_own_class_too():
     assert e.value.nki_code == "nkisim_matmul_contraction_mismatch"
 
 
+def test_a_core_syntax_error_code_keeps_its_message_as_a_validation_error():
+    # err_activation_scale_scalar_or_vector is an NKISyntaxError in the core
+    @nki.jit
+    def k(x, s):
+        nisa.activation(sb(x.shape), ops.exp, load(x), scale=load(s))
+
+    with pytest.raises(nisa.NkiValidationError, match="Scale parameter of activation") as e:
+        k(rand((4, 4)), rand((4, 2)))
+    assert isinstance(e.value, SyntaxError) and "Scale parameter" in str(e.value)
+
+
 def test_kernel_checks_are_not_validation_errors():
     # reading never-written SBUF into an output is the uninitialised-read check, not a
     # hardware constraint
