@@ -195,3 +195,29 @@ def _indirect(t, pairs, shape, strides, first, base, sdt, dt, vector_offset, ind
     storage = base[lo:lo + total].view(sdt)
     w = t.root.shadow.reshape(-1) if t.root.shadow is not None and isz == rsz else None
     return Tensor(storage, w, t.root, dt, shape, None, (byte // isz,), 0)
+
+
+def vector_select(t: Tensor, dim: int, vector_offset) -> Tensor:
+    """``t.vector_select(0, idx)``: an advanced-indexed view whose row i is row ``idx[i]`` of
+    ``t``'s first dimension (HBM tensors: the DMA engine's indirect rows)."""
+    api = f"{t.name}.vector_select"
+    if dim != 0:
+        raise nki_error("nkisim_unsupported", what="vector_select on a dimension other than 0",
+                        why="the indirect DMA indexes rows (nki-library TensorView: 'dim=0')")
+    if t.root.buffer != "hbm" or t._idx is not None or t._arr is None:
+        raise nki_error("nkisim_unsupported", what=f"vector_select of `{t.name}`",
+                        why="nkisim gathers/scatters rows of plain HBM views only")
+    if not isinstance(vector_offset, Tensor):
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why="vector_offset must be an SBUF tile of indices")
+    idx = np.asarray(read(vector_offset, api)).reshape(-1).astype(np.int64)
+    n = t.shape[0]
+    bad = (idx < 0) | (idx >= n)
+    if bad.any():
+        i = int(idx[bad][0])
+        raise nki_error("err_tensor_access_out_of_bound", name=t.name, dim=0, lo=i, hi=i,
+                        size=n)
+    rest = tuple(np.arange(c) for c in t.shape[1:])
+    key = np.ix_(idx, *rest) if rest else (idx,)
+    return Tensor(t._arr, t._w, t.root, t.dtype, (idx.size,) + tuple(t.shape[1:]), None,
+                  tuple(key), t._off)
