@@ -602,12 +602,46 @@ def nki_library_files(root: str) -> list:
     return out
 
 
+NKI_LIBRARY_ARGS = ["--test-mode", "simulation", "-p", "_nkilib_harness_gaps"]
+
+
 def nki_library_tests(root: str, args) -> dict:
     """nki-library: ``pytest test/integration --test-mode simulation`` one file at a time, with
-    nkisim serving its ``nki_cpu_simulator`` (see the module docstring)."""
-    return _per_file("nki-library", root, nki_library_files(root),
-                     ["--test-mode", "simulation", "-p", "_nkilib_harness_gaps"],
-                     [os.path.join(root, "src"), root], args, NKI_CPU_SIMULATOR)
+    nkisim serving its ``nki_cpu_simulator`` (see the module docstring). With ``--per-file N``:
+    one collection of test/integration, N evenly spaced tests of each file (among those its
+    conftest does not skip for size), all run in one pytest process (collecting this harness's
+    parametrizations costs minutes, too much to pay twice per file on a small machine)."""
+    path = [os.path.join(root, "src"), root]
+    if not args.per_file:
+        return _per_file("nki-library", root, nki_library_files(root), NKI_LIBRARY_ARGS, path,
+                         args, NKI_CPU_SIMULATOR)
+    plug = _plugin_dir(NKI_CPU_SIMULATOR)
+    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p",
+           "_nkisim_conformance_plugin", "--co", "-q", f"--rootdir={root}",
+           "--continue-on-collection-errors", os.path.join("test", "integration"),
+           *NKI_LIBRARY_ARGS]
+    proc = subprocess.run(cmd, cwd=root, env=_env([*path, plug]), capture_output=True,
+                          text=True, timeout=max(args.timeout, 1200))
+    by_file: dict = {}
+    for ln in proc.stdout.splitlines():
+        ln = ln.strip()
+        if "::" in ln and ln.startswith("test/"):
+            by_file.setdefault(ln.split("::")[0], []).append(ln)
+    broken = sorted({ln.split()[1] for ln in proc.stdout.splitlines()
+                     if ln.startswith("ERROR test/")})
+    chosen, counts = [], {}
+    for f, ids in sorted(by_file.items()):
+        ids = [i for i in ids if not any(p in i for p in LARGE_SHAPE_PATTERNS)]
+        pick = ids if len(ids) <= args.per_file else \
+            [ids[(k * len(ids)) // args.per_file] for k in range(args.per_file)]
+        chosen += pick
+        counts[os.path.basename(f)] = (len(pick), len(ids))
+    res = run_pytest("nki-library", root, [*chosen, *broken, *NKI_LIBRARY_ARGS], path,
+                     args.pytest_args, args.timeout, NKI_CPU_SIMULATOR)
+    for key, (k, n) in counts.items():
+        if key in res:
+            res[key].errors.insert(0, ("(sample)", f"{k} of {n} tests"))
+    return res
 
 
 def sdk_tests(root: str, args) -> dict:
@@ -699,7 +733,8 @@ def main(argv=None) -> int:
     p.add_argument("--per-file", type=int, default=None, metavar="N",
                    help="run an evenly spaced sample of at most N tests of each file (not "
                         "counting the large shapes nki-library skips in simulation); nki-library "
-                        "has ~4300 simulation tests, too many for a small machine")
+                        "has ~4300 simulation tests, too many for a small machine (its sample "
+                        "runs in one process: give --timeout for the whole sample)")
     args = p.parse_args(argv)
     args.pytest_args = ["-k", args.select] if args.select else []
     corpora = ("nki_samples", "sdk", "nki_samples_head", "nki_library")
