@@ -538,7 +538,7 @@ def load_transpose2d(src, *, mask=None, dtype=None, **kwargs):
     return t
 
 
-def copy(src, *, mask=None, dtype=None, **kwargs):
+def copy(src, *, mask=None, dtype=None, buffer=None, **kwargs):
     """SBUF/PSUM -> a new SBUF tile (e.g. PSUM evacuation with a cast)."""
     run = context.current()
     x = _tile(src, "copy", "src")
@@ -550,7 +550,7 @@ def copy(src, *, mask=None, dtype=None, **kwargs):
     d["auto_engine"] = True            # the compiler picks the engine (nkisim.cost)
     # nki 0.3-0.5: the result is in the source's buffer (ScalarE activation(copy)); Beta 1 and
     # nki 0.6+: always SBUF (spec nki-current.md §2.3)
-    buf = psum if run.rules.copy_same_buffer and x.root.buffer == "psum" else sbuf
+    buf = buffer or (psum if run.rules.copy_same_buffer and x.root.buffer == "psum" else sbuf)
     return result_tile(run, x.shape, dtype or x.dtype, vals, "tensor_copy", VECTOR, (x,),
                        d, buffer=buf, mask=_mask(mask, x.shape))
 
