@@ -28,6 +28,16 @@ def _owner(a: np.ndarray) -> np.ndarray:
     return a
 
 
+def _bytes_of(owner: np.ndarray, name: str) -> np.ndarray:
+    """The memory owner's bytes, in memory order, as a view (never a copy: writes must land)."""
+    flat = owner.ravel(order="K")
+    if not np.shares_memory(flat[:1], owner) or not (owner.flags.c_contiguous or
+                                                     owner.flags.f_contiguous):
+        raise nki_error("nkisim_unsupported", what=f"ap() of `{name}`",
+                        why="its storage is not one contiguous block (pass contiguous arrays)")
+    return flat.view(np.uint8)
+
+
 def _pattern(pattern, api):
     try:
         pairs = [(int(s), int(c)) for s, c in pattern]
@@ -119,7 +129,7 @@ def access_pattern(t: Tensor, pattern, offset=0, scalar_offset=None, vector_offs
                             why=f"pattern {[list(p) for p in pairs]} at offset {offset} reaches "
                                 f"byte {byte0 + ext + isz} of `{t.name}`, which has {total}")
         strides = tuple(s * isz for s, _ in pairs)
-    base = owner.reshape(-1).view(np.uint8)
+    base = _bytes_of(owner, t.name)
     first = start - _addr(owner) + byte0
     if vector_offset is not None:
         return _indirect(t, pairs, shape, strides, first, base, sdt, dt, vector_offset,
@@ -196,3 +206,29 @@ def _indirect(t, pairs, shape, strides, first, base, sdt, dt, vector_offset, ind
     storage = base[lo:lo + total].view(sdt)
     w = t.root.shadow.reshape(-1) if t.root.shadow is not None and isz == rsz else None
     return Tensor(storage, w, t.root, dt, shape, None, (byte // isz,), 0)
+
+
+def vector_select(t: Tensor, dim: int, vector_offset) -> Tensor:
+    """``t.vector_select(0, idx)``: an advanced-indexed view whose row i is row ``idx[i]`` of
+    ``t``'s first dimension (HBM tensors: the DMA engine's indirect rows)."""
+    api = f"{t.name}.vector_select"
+    if dim != 0:
+        raise nki_error("nkisim_unsupported", what="vector_select on a dimension other than 0",
+                        why="the indirect DMA indexes rows (nki-library TensorView: 'dim=0')")
+    if t.root.buffer != "hbm" or t._idx is not None or t._arr is None:
+        raise nki_error("nkisim_unsupported", what=f"vector_select of `{t.name}`",
+                        why="nkisim gathers/scatters rows of plain HBM views only")
+    if not isinstance(vector_offset, Tensor):
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why="vector_offset must be an SBUF tile of indices")
+    idx = np.asarray(read(vector_offset, api)).reshape(-1).astype(np.int64)
+    n = t.shape[0]
+    bad = (idx < 0) | (idx >= n)
+    if bad.any():
+        i = int(idx[bad][0])
+        raise nki_error("err_tensor_access_out_of_bound", name=t.name, dim=0, lo=i, hi=i,
+                        size=n)
+    rest = tuple(np.arange(c) for c in t.shape[1:])
+    key = np.ix_(idx, *rest) if rest else (idx,)
+    return Tensor(t._arr, t._w, t.root, t.dtype, (idx.size,) + tuple(t.shape[1:]), None,
+                  tuple(key), t._off)

@@ -17,7 +17,7 @@ import ml_dtypes
 import numpy as np
 
 from . import context, dtypes, tensor
-from .access import access_pattern  # noqa: F401 - Tensor.ap (register_ops)
+from .access import access_pattern, vector_select  # noqa: F401 - Tensor.ap (register_ops)
 from .dtypes import (  # noqa: F401 - re-exported as nl.float32 etc.
     bfloat16,
     bool_,

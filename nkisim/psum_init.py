@@ -13,9 +13,9 @@ policy nkisim follows (spec §6 item 5):
 - any other write to PSUM (memset, tensor_copy, activation, ...) clears them (``tensor.write``
   calls ``clear``), as does a new ``nl.ndarray``.
 
-The flags live beside the storage, one byte per storage byte of the allocation, and a view of
-any tensor (basic, strided, ``.ap()``, advanced-indexed) finds its flags at the same byte
-offsets as its values: views of one allocation share its flags. Only allocations a
+The flags live beside the storage, one byte per element of the allocation, and a view of any
+tensor (basic, strided, ``.ap()``, advanced-indexed) finds its flags at the same offsets as its
+values: views of one allocation share its flags. Only allocations a
 destination-passing matmul touched carry flags, so the Beta 1 face (``psum +=
 nisa.nc_matmul(...)``) pays nothing.
 """
@@ -30,46 +30,43 @@ import numpy as np
 from . import dtypes
 from .errors import nki_error
 
-# Allocation -> uint8 flags, one per byte of its partitions' storage
+# Allocation -> uint8 flags, one per element of its partitions' storage
 _FLAGS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _addr(arr: np.ndarray) -> int:
-    return arr.__array_interface__["data"][0]
 
 
 def _flags_view(t, create: bool):
     """The uint8 flags of view ``t`` (shape ``t._arr.shape``), or None when untracked.
 
-    The flags of an allocation are one byte per storage byte of its own partitions: (P, bytes
-    per partition). A view finds its flags from its address: its byte offset from the
-    allocation's first byte splits into a partition (rows ``row_bytes`` apart in the memory the
-    storage lives in: the tile itself, or the whole SBUF/PSUM for a direct ``address=``
-    allocation) and a byte inside the row; its strides map the same way."""
+    The flags of an allocation are one byte per element of its own partitions: (P, elements per
+    partition), row-major like the storage. A view finds its flags from its byte offset
+    (``_off``, counted from the start of the memory the storage lives in: the tile itself, or
+    the whole SBUF/PSUM for a direct ``address=`` allocation, whose partitions are
+    ``row_bytes`` apart there): a partition and a byte inside the row; its strides map the same
+    way. One flag per element (not per byte) keeps a whole-tile view contiguous, so testing it
+    is one fast pass."""
     root = t.root
     flags = _FLAGS.get(root)
+    if flags is None and not create:
+        return None
     arr = t._arr
-    nbytes = math.prod(root.shape) * dtypes.storage(root.dtype).itemsize
+    isz = dtypes.storage(root.dtype).itemsize
+    nbytes = math.prod(root.shape) * isz
     R = root.row_bytes or nbytes
-    if getattr(root, "direct", False):          # rows `R` apart in the whole SBUF/PSUM
-        rowlen = nbytes // max(1, int(root.shape[0]))
-    else:
-        rowlen = R
+    rowlen = nbytes // max(1, int(root.shape[0])) if getattr(root, "direct", False) else R
     if flags is None:
-        if not create:
-            return None
-        flags = np.zeros(nbytes, np.uint8)
+        flags = np.zeros(nbytes // isz, np.uint8)
         _FLAGS[root] = flags
-    base = _addr(arr) - t._off + getattr(root, "base_off", 0)
-    p, f = divmod(_addr(arr) - base, R)
+    p, f = divmod(t._off - getattr(root, "base_off", 0), R)
     strides = tuple((s // R) * rowlen + s % R if s >= R else s for s in arr.strides)
     try:
-        return np.ndarray(arr.shape, np.uint8, buffer=flags, offset=p * rowlen + f,
-                          strides=strides)
+        if f % isz or any(st % isz for st in strides) or arr.itemsize != isz:
+            raise ValueError
+        return np.ndarray(arr.shape, np.uint8, buffer=flags, offset=(p * rowlen + f) // isz,
+                          strides=tuple(st // isz for st in strides))
     except (ValueError, TypeError):
         raise nki_error("nkisim_unsupported", what=f"PSUM accumulation state of view of "
                         f"`{root.name}`", why="the view's layout is not a partition x row "
-                        "view of its allocation") from None
+                        "view of its allocation's elements") from None
 
 
 def tracked(root) -> bool:
@@ -77,12 +74,13 @@ def tracked(root) -> bool:
 
 
 def get(t) -> np.ndarray:
-    """Per element of view ``t``: did a matmul initialise it (bool array of ``t.shape``)?"""
+    """Per element of view ``t``: did a matmul initialise it (bool array of ``t.shape``)? A view
+    of the flags where it can be (no copy): read it before ``mark``/``clear`` change them."""
     f = _flags_view(t, create=False)
     if f is None:
         return np.zeros(t.shape, bool)
     f = f.view(np.bool_)
-    f = f[t._idx] if t._idx is not None else f.copy()
+    f = f[t._idx] if t._idx is not None else f
     return f.reshape(t.shape)
 
 

@@ -650,6 +650,49 @@ class Tensor:
         new = self.shape[:a] + (math.prod(self.shape[a:b + 1]),) + self.shape[b + 1:]
         return self._derive("flatten_dims", lambda x: _view_reshape(x, new))
 
+    def rearrange(self, src_pattern, dst_pattern, fixed_sizes=None):
+        """einops-style ``t.rearrange(('b', ('h', 'w'), 'c'), ('b', 'c', 'h', 'w'), {'h': 32})``:
+        split the grouped source dimensions (sizes from ``fixed_sizes``, one per group may be
+        inferred), permute by name, then merge the grouped destination dimensions. A view."""
+        sizes = dict(fixed_sizes or {})
+        src = [tuple(g) if isinstance(g, (tuple, list)) else (g,) for g in src_pattern]
+        if len(src) != self.ndim:
+            raise nki_error("nkisim_invalid_argument", api="rearrange",
+                            why=f"source pattern has {len(src)} dimensions, the tensor "
+                                f"{self.ndim}")
+        names, split = [], []
+        for g, n in zip(src, self.shape):
+            unknown = [x for x in g if x not in sizes]
+            known = math.prod(sizes[x] for x in g if x in sizes)
+            if len(unknown) > 1 or (not unknown and known != n) or n % known:
+                raise nki_error("nkisim_invalid_argument", api="rearrange",
+                                why=f"cannot split a dimension of size {n} into {list(g)} "
+                                    f"with sizes {sizes}")
+            for x in unknown:
+                sizes[x] = n // known
+            names.extend(g)
+            split.extend(sizes[x] for x in g)
+        dst = [tuple(g) if isinstance(g, (tuple, list)) else (g,) for g in dst_pattern]
+        order = [x for g in dst for x in g]
+        if sorted(order) != sorted(names) or len(set(order)) != len(order):
+            raise nki_error("nkisim_invalid_argument", api="rearrange",
+                            why=f"destination {list(dst_pattern)} must name the source's "
+                                f"dimensions {names} once each")
+        perm = tuple(names.index(x) for x in order)
+        merged = tuple(math.prod(sizes[x] for x in g) for g in dst)
+        if self.paxis == 0 and (perm[0] != 0 or len(src[0]) != 1 or len(dst[0]) != 1):
+            raise nki_error("nkisim_invalid_argument", api="rearrange",
+                            why="the partition dimension of an SBUF/PSUM tensor stays first "
+                                "and whole")
+        return self._derive("rearrange", lambda a: _view_reshape(
+            _view_reshape(a, tuple(split)).transpose(perm), merged))
+
+    def vector_select(self, dim, vector_offset):
+        """Dimension ``dim`` (0) indexed by a tile of per-row indices: row i of the view is
+        row ``vector_offset[i]`` of this view's dimension 0 (an indirect view of an HBM
+        tensor; a gather on read, a scatter on write)."""
+        return _ops.vector_select(self, self._dim(dim, "vector_select"), vector_offset)
+
     def is_contiguous(self):
         if self._idx is not None or self._arr is None:
             return False

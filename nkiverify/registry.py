@@ -289,9 +289,11 @@ def kernel_dialect(kernel) -> str | None:
             return None
         return _source_dialect(spec.origin) if spec is not None and spec.origin else None
     cls_module = type(kernel).__module__ or ""
-    if cls_module.startswith(("nkisim.nki", "nki")):
+    top = cls_module.split(".")
+    if top[0] == "nki" or top[:2] == ["nkisim", "nki"]:
         return "nki"
-    if cls_module.startswith(("nkisim.beta1", "neuronxcc")):
+    # Beta 1 jit kernels of nkisim are nkisim.runtime.Kernel (the nki face subclasses it)
+    if top[0] == "neuronxcc" or top[:2] in (["nkisim", "beta1"], ["nkisim", "runtime"]):
         return "beta1"
     func = getattr(kernel, "func", kernel)
     import inspect

@@ -216,24 +216,39 @@ def _is_torch(a) -> bool:
 
 
 def _from_torch(a):
+    """A torch tensor's values as NumPy (sharing memory for CPU tensors); bf16 through its bits,
+    as NumPy has no bfloat16 of its own (ml_dtypes')."""
     if not _is_torch(a):
         return a
-    arr = a.detach().cpu().numpy()
+    import torch
+    t = a.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+        arr = t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    else:
+        arr = t.numpy()
     _TORCH_BACK.append((a, arr))
     return arr
+
+
+def _np_to_torch(arr):
+    import torch
+    arr = np.ascontiguousarray(arr)
+    if arr.dtype.name == "bfloat16":
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
 
 
 def _write_back_torch(pairs):
     import torch
     for t, arr in pairs:
         with torch.no_grad():
-            t.copy_(torch.from_numpy(np.ascontiguousarray(arr)))
+            t.copy_(_np_to_torch(arr).to(t.device))
 
 
 def _to_torch(out, like):
-    import torch
     if isinstance(out, np.ndarray):
-        return torch.from_numpy(out).to(like.device)
+        return _np_to_torch(out).to(like.device)
     if isinstance(out, (tuple, list)):
         return type(out)(_to_torch(o, like) for o in out)
     return out

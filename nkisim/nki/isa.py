@@ -83,6 +83,8 @@ def _as_validation(exc: Exception) -> Exception:
             new_cls = _Violation
         _AS_VALIDATION[cls] = new_cls
     new = new_cls(*exc.args)
+    if isinstance(new, SyntaxError):          # NKISyntaxError's message lives in .msg
+        new.msg = getattr(exc, "msg", str(exc))
     new.nki_code = exc.nki_code
     return new
 
@@ -292,7 +294,9 @@ def _tok(op):
 
 
 def _fp32_operand(op, api, param):
-    """tensor_scalar / activation vector operands "must be fp32" (STUB-R32 tensor_scalar)."""
+    """tensor_scalar's (P, 1) tile operands "must be fp32" (STUB-R32 tensor_scalar). Only
+    tensor_scalar documents it: scalar_tensor_tensor and tensor_scalar_reduce are not held to
+    it (nki-library passes them operand0 tiles of the weights' scale dtype)."""
     if isinstance(op, Tensor) and op.dtype != np.dtype(np.float32):
         raise _invalid(f"{api} {param} must be float32 when it is a tile, got "
                        f"{dtypes.name(op.dtype)}")
@@ -431,7 +435,6 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     _onchip(dst, api, "dst")
     _onchip(data, api, "data")
     _onchip(operand1, api, "operand1")
-    _fp32_operand(operand0, api, "operand0")
     _no_gpsimd_psum(api, eng, dst=dst, data=data, operand0=operand0, operand1=operand1)
     if data.root.buffer == "psum" and operand1.root.buffer == "psum":
         raise _invalid(f"{api} data and operand1 cannot both be in PSUM")
@@ -543,7 +546,6 @@ def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, r
     api = "tensor_scalar_reduce"
     _onchip(dst, api, "dst")
     _onchip(data, api, "data")
-    _fp32_operand(operand0, api, "operand0")
     scratch = None
     if reduce_res is None:
         if not at_least("0.6"):
@@ -841,38 +843,40 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     _same_elements(dst, res, api)
     instr = res._producer
     inc = fit(values(res), dst.shape, res.shape)
-    init = psum_init.get(dst)
+    init = psum_init.get(dst)        # per element: did a matmul initialise it?
+    init_all = bool(init.all())
+    init_any = init_all or bool(init.any())
     if accumulate is None:
-        add = init
+        add_all, add_any = init_all, init_any
     elif accumulate:
-        add = np.ones(dst.shape, bool)
-        if not init.all() and at_least("0.5"):
+        add_all = add_any = True
+        if not init_all and at_least("0.5"):
             run.warn(("nc_matmul_accumulate_uninit", dst.root.id),
                      f"nc_matmul(accumulate=True) into PSUM `{dst.name}` that no matmul "
                      "initialised: the result is undefined on hardware; start the group with "
                      "accumulate=False (nki.isa.nc_matmul docs)")
     else:
-        add = np.zeros(dst.shape, bool)
-    if add.any():
-        # the accumulation reads the partial sums: exempt from the race checks, as for
+        add_all = add_any = False
+    if add_any:
+        # the accumulation reads the partial sums a matmul wrote (where no matmul did, True
+        # adds garbage and was warned about): exempt from the race checks, as for
         # `psum += nisa.nc_matmul(...)` (an associative reduction)
-        chk = add & init          # partial sums a matmul wrote (True on unset ones: warned)
-        if dst._w is not None and chk.any():
-            checks.check_read(run, dst if chk.all() else _masked_shadow_view(dst, chk, run),
+        if dst._w is not None and init_any:
+            checks.check_read(run, dst if init_all else _masked_shadow_view(dst, init, run),
                               "nc_matmul (accumulate)", accumulate=True)
-        if add.all() and dst._idx is None and values(dst).dtype == np.float32:
+        if add_all and dst._idx is None and values(dst).dtype == np.float32:
             write(dst, None, api, accumulate=True, run=run, add=inc)    # in place, one pass
         else:
             cur = np.asarray(values(dst), np.float32)
-            vals = cur + inc if add.all() else np.where(add, cur + inc, inc)
+            vals = cur + inc if add_all else np.where(init, cur + inc, inc)
             write(dst, vals, api, accumulate=True, run=run)
     else:
         write(dst, inc, api, run=run)
     inherit_taint(dst, res)
-    if not init.all():
+    if not init_all:
         psum_init.mark(dst)
     instr.writes = (region(dst),)
-    instr.detail["accumulate"] = bool(add.any())
+    instr.detail["accumulate"] = add_any
     run.memory.release(res.root)
     res._producer = None
     return _handle(instr, name)

@@ -103,10 +103,14 @@ bitwise_not = invert
 # dtypes (STUB-R32 language: ``DType`` constants). nkisim's dtypes are NumPy's (bf16/fp8 from
 # ml_dtypes), which compare equal to their names (np.dtype("float32") == "float32").
 
-bool_ = dtypes.bool_
-int8, int16, int32 = dtypes.int8, dtypes.int16, dtypes.int32
-uint8, uint16, uint32 = dtypes.uint8, dtypes.uint16, dtypes.uint32
-float16, float32 = dtypes.float16, dtypes.float32
+# As dtype *instances* (not NumPy scalar types): the real constants are strings, and
+# nki-library compares ``str(dtype) == str(nl.float32)`` (core/utils/allocator.py sizeinbytes)
+# and keys dicts by them (kernel_helpers.py) with a tensor's dtype: str(np.dtype("float32")) is
+# "float32" and np.dtype hashes alike, as a string constant would.
+bool_ = np.dtype(dtypes.bool_)
+int8, int16, int32 = np.dtype(dtypes.int8), np.dtype(dtypes.int16), np.dtype(dtypes.int32)
+uint8, uint16, uint32 = np.dtype(dtypes.uint8), np.dtype(dtypes.uint16), np.dtype(dtypes.uint32)
+float16, float32 = np.dtype(dtypes.float16), np.dtype(dtypes.float32)
 bfloat16 = dtypes.bfloat16
 tfloat32 = dtypes.tfloat32
 float8_e4m3 = dtypes.float8_e4m3

@@ -7,7 +7,6 @@ the core's ``ndarray``; the trace comparisons run both styles under Beta 1's ``j
 """
 
 import inspect
-import math
 import warnings
 
 import ml_dtypes
@@ -504,6 +503,21 @@ def test_activation_scale_bias_and_reduce():
     np.testing.assert_allclose(red[:, 0], y.sum(axis=1), rtol=1e-5)
     ins = one("activation")
     assert ins.engine == "scalar" and len(ins.writes) == 2     # dst and reduce_res
+
+
+def test_activation_reduce_sums_along_the_free_dims():
+    a = rand((16, 3, 8), -1, 1)
+
+    @nki.jit
+    def k(x):
+        c = sb(x.shape)
+        r = sb((16, 1))
+        nisa.activation_reduce(c, ops.tanh, load(x), ops.add, r, scale=2.0)
+        return out_of(c), out_of(r)
+
+    c, r = k(a)
+    np.testing.assert_allclose(c, np.tanh(2 * a), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(r[:, 0], np.tanh(2 * a).sum(axis=(1, 2)), rtol=1e-5)
 
 
 def test_activation_reduce_accumulating_commands_are_not_silently_ignored():
@@ -1062,6 +1076,17 @@ def test_core_constraint_errors_are_validation_errors_of_their_own_class_too():
     assert e.value.nki_code == "nkisim_matmul_contraction_mismatch"
 
 
+def test_a_core_syntax_error_code_keeps_its_message_as_a_validation_error():
+    # err_activation_scale_scalar_or_vector is an NKISyntaxError in the core
+    @nki.jit
+    def k(x, s):
+        nisa.activation(sb(x.shape), ops.exp, load(x), scale=load(s))
+
+    with pytest.raises(nisa.NkiValidationError, match="Scale parameter of activation") as e:
+        k(rand((4, 4)), rand((4, 2)))
+    assert isinstance(e.value, SyntaxError) and "Scale parameter" in str(e.value)
+
+
 def test_kernel_checks_are_not_validation_errors():
     # reading never-written SBUF into an output is the uninitialised-read check, not a
     # hardware constraint
@@ -1244,8 +1269,20 @@ def test_tensor_copy_dynamic_ops_only_in_0_3(monkeypatch):
     with pytest.raises(AttributeError, match="removed in NKI 0.4.0"):
         nisa.tensor_copy_dynamic_src  # noqa: B018
     monkeypatch.setenv("NKISIM_NKI_VERSION", "0.3")
-    assert callable(nisa.tensor_copy_dynamic_src)
-    assert math.isfinite(1.0)
+    a = rand((8, 12))
+
+    @nki.jit
+    def k(x):
+        d = sb((8, 4), BF16)
+        nisa.tensor_copy_dynamic_src(d, load(x)[:, 4:8])
+        e = sb((8, 12))
+        nisa.memset(e, 0.0)
+        nisa.tensor_copy_dynamic_dst(dst=e[:, 8:12], src=d)
+        return out_of(e)
+
+    expect = np.zeros((8, 12), np.float32)
+    expect[:, 8:12] = bf16(a[:, 4:8])
+    np.testing.assert_array_equal(k(a), expect)
 
 
 def test_writes_through_an_ap_view_of_an_address_placed_tile():

@@ -693,3 +693,53 @@ def test_matmul_without_transpose_x_by_release(monkeypatch, version, fails):
             run(k, x, y)
     else:
         np.testing.assert_allclose(run(k, x, y), x @ y, rtol=1e-4, atol=1e-4)
+
+
+def test_rearrange_and_vector_select():
+    def k(a, idx):
+        t = nl.ndarray((128, 24), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=a)
+        v = t.rearrange(("p", ("h", "w")), ("p", "w", "h"), {"h": 4})
+        o1 = nl.ndarray(v.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        s = nl.ndarray(v.shape, dtype=a.dtype, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=s, src=v)
+        nisa.dma_copy(dst=o1, src=s)
+        i_sb = nl.ndarray((3, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=i_sb, src=idx)
+        rows = nl.ndarray((3, 24), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=rows, src=a.vector_select(0, i_sb))
+        o2 = nl.ndarray((3, 24), dtype=a.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=o2, src=rows)
+        return o1, o2
+    a = rand((128, 24))
+    idx = np.array([[5], [127], [5]], np.int32)
+    o1, o2 = run(k, a, idx)
+    np.testing.assert_array_equal(o1, a.reshape(128, 4, 6).transpose(0, 2, 1))
+    np.testing.assert_array_equal(o2, a[[5, 127, 5]])
+
+
+def test_dtypes_print_and_hash_like_the_real_string_constants():
+    # nki-library core/utils/allocator.py: `str(dtype) == str(nl.float32)` with a tensor's dtype
+    seen = {}
+
+    def k(a):
+        t = nl.ndarray((128, 4), dtype=nl.bfloat16, buffer=nl.sbuf)
+        seen.update(f32=a.dtype, bf16=t.dtype)
+        return a
+    run(k, rand((128, 4)))
+    for name in ("float32", "bfloat16", "int32", "uint8", "float8_e4m3", "bool"):
+        assert str(getattr(nl, name if name != "bool" else "bool_")) == name
+    assert str(seen["f32"]) == str(nl.float32) and str(seen["bf16"]) == str(nl.bfloat16)
+    assert {nl.float32: 4, nl.bfloat16: 2}[seen["f32"]] == 4
+
+
+def test_ap_of_an_input_that_is_a_slice_of_a_larger_array():
+    def k(a):
+        out = nl.ndarray((2, 4), dtype=a.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray((2, 4), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=a.ap([[8, 2], [2, 4]], offset=1))
+        nisa.dma_copy(dst=out, src=t)
+        return out
+    big = np.arange(10 * 8, dtype=np.float32).reshape(10, 8)
+    a = big[3:5]                      # contiguous, its memory owned by `big`
+    np.testing.assert_array_equal(run(k, a), a[:, 1::2])

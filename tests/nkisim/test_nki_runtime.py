@@ -382,3 +382,23 @@ def test_install_leaves_a_real_nki_alone_and_serves_past_the_placeholder(tmp_pat
         if was[0]:
             shim._serving.update(was[1])
             sys.meta_path.insert(0, shim._finder)
+
+
+def test_torch_tensors_in_and_out():
+    # SIM: NKI_SIMULATOR=1 accepts torch tensors from 0.4.0 and returns results the same way
+    torch = pytest.importorskip("torch")
+
+    @nki.jit
+    def k(a):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        t = nl.load(a)
+        nl.store(out, nl.multiply(t, 2.0))
+        nl.store(a, nl.add(t, 1.0))          # an input written in place
+        return out
+    for dt in (torch.float32, torch.bfloat16):
+        a = torch.linspace(-1, 1, 128 * 4).reshape(128, 4).to(dt)
+        before = a.clone()
+        out = nki.simulate(k)(a)
+        assert isinstance(out, torch.Tensor) and out.dtype == dt
+        assert torch.equal(out, (before.float() * 2).to(dt))
+        assert torch.equal(a, (before.float() + 1).to(dt))
