@@ -28,6 +28,16 @@ def _owner(a: np.ndarray) -> np.ndarray:
     return a
 
 
+def _bytes_of(owner: np.ndarray, name: str) -> np.ndarray:
+    """The memory owner's bytes, in memory order, as a view (never a copy: writes must land)."""
+    flat = owner.ravel(order="K")
+    if not np.shares_memory(flat[:1], owner) or not (owner.flags.c_contiguous or
+                                                     owner.flags.f_contiguous):
+        raise nki_error("nkisim_unsupported", what=f"ap() of `{name}`",
+                        why="its storage is not one contiguous block (pass contiguous arrays)")
+    return flat.view(np.uint8)
+
+
 def _pattern(pattern, api):
     try:
         pairs = [(int(s), int(c)) for s, c in pattern]
@@ -118,7 +128,7 @@ def access_pattern(t: Tensor, pattern, offset=0, scalar_offset=None, vector_offs
                             why=f"pattern {[list(p) for p in pairs]} at offset {offset} reaches "
                                 f"byte {byte0 + ext + isz} of `{t.name}`, which has {total}")
         strides = tuple(s * isz for s, _ in pairs)
-    base = owner.reshape(-1).view(np.uint8)
+    base = _bytes_of(owner, t.name)
     first = start - _addr(owner) + byte0
     if vector_offset is not None:
         return _indirect(t, pairs, shape, strides, first, base, sdt, dt, vector_offset,

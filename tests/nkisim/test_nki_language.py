@@ -731,3 +731,15 @@ def test_dtypes_print_and_hash_like_the_real_string_constants():
         assert str(getattr(nl, name if name != "bool" else "bool_")) == name
     assert str(seen["f32"]) == str(nl.float32) and str(seen["bf16"]) == str(nl.bfloat16)
     assert {nl.float32: 4, nl.bfloat16: 2}[seen["f32"]] == 4
+
+
+def test_ap_of_an_input_that_is_a_slice_of_a_larger_array():
+    def k(a):
+        out = nl.ndarray((2, 4), dtype=a.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray((2, 4), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=a.ap([[8, 2], [2, 4]], offset=1))
+        nisa.dma_copy(dst=out, src=t)
+        return out
+    big = np.arange(10 * 8, dtype=np.float32).reshape(10, 8)
+    a = big[3:5]                      # contiguous, its memory owned by `big`
+    np.testing.assert_array_equal(run(k, a), a[:, 1::2])
