@@ -423,6 +423,10 @@ def _env(extra_path) -> dict:
     env["PYTHONPATH"] = os.pathsep.join([*extra_path, env.get("PYTHONPATH", "")]).rstrip(
         os.pathsep)
     env.setdefault("NKISIM_QUIET", "1")
+    # nki-library's coverage_parametrize ids depend on set/dict order: with a random hash seed
+    # the ids one process collects are "not found" in the next (its conftest pins the seed for
+    # xdist workers the same way, NEURON_PYTHONHASHSEED=0)
+    env.setdefault("PYTHONHASHSEED", "0")
     env.pop("PYTEST_ADDOPTS", None)
     return env
 
