@@ -1038,9 +1038,22 @@ def shared_constant(constant, dtype=None, **kwargs):
 
     A compile-time constant the kernel loads like an input (AWS nki/test/test_psum_modulo_alloc.py:
     ``identity = nl.shared_constant(np.identity(128, dtype=np.int8), dtype=nl.bfloat16)`` then
-    ``nl.load(identity)``): read-only, no instruction to create it."""
+    ``nl.load(identity)``): read-only, no instruction to create it.
+
+    ``constant`` may also be the path of a ``.npy`` file holding the array: AWS's nki-library
+    (d2ad3a5, core/topk/rotational_topk.py) saves its rotation matrices with ``np.save`` and passes
+    the file name to ``nl.shared_constant``."""
+    import os
+
     from .tensor import from_numpy
     context.current()
+    if isinstance(constant, (str, os.PathLike)):
+        try:
+            constant = np.load(os.fspath(constant), allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise nki_error("nkisim_invalid_argument", api="shared_constant",
+                            why=f"cannot read the constant file {os.fspath(constant)!r}: {e}") \
+                from None
     arr = np.asarray(constant)
     dt = dtypes.normalize(dtype) if dtype is not None else arr.dtype
     vals = dtypes.cast(arr.astype(np.float32) if arr.dtype.kind in "iub" and

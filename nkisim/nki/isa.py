@@ -197,9 +197,27 @@ class NkiInstruction:
 # helpers
 
 
+# An integer dge_mode is a documented rule the device tolerates, not an error: AWS's nki-library
+# (d2ad3a5, core/subkernels/norm_tkg_utils.py `_DGE_MODE_NONE = 3`, used by rmsnorm_tkg and
+# layernorm_tkg, whose simulation tests are AWS's CI) passes dge_mode=3 to nisa.dma_copy, and 3 is
+# `none` in the documented order {unknown, swdge, hwdge, none} (spec nki-current §2.4). Other
+# enums have no such evidence and keep the documented rejection.
+_INT_TOLERATED = {"dge_mode": ("unknown", "swdge", "hwdge", "none")}
+
+
 def _enum(cls, value, api, param):
     if isinstance(value, cls):
         return value
+    order = _INT_TOLERATED.get(cls.__name__)
+    if order and isinstance(value, (int, np.integer)) and not isinstance(value, bool) \
+            and 0 <= int(value) < len(order):
+        member = cls[order[int(value)]]
+        context.current().rule(
+            ("int_enum", cls.__name__), f"{api}() {param}={int(value)} is an integer, read as "
+            f"nki.isa.{cls.__name__}.{member.name}",
+            "Integer enum values (for example dge_mode=2) ... are rejected",
+            "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.32.0/nki/migration/index.html")
+        return member
     raise TypeError(f"{api}() {param} must be a nki.isa.{cls.__name__} member, got "
                     f"{value!r} (integer enum values and strings are rejected from NKI 0.3.0)")
 
