@@ -142,9 +142,7 @@ class Run:
                       tuple((lp.id, lp.kind, lp.iteration) for lp in self.loops), file, line)
         self.trace.append(instr)
         self.taint = None                  # the instruction is complete (nkisim.tensor.read)
-        mem = self.memory
-        if mem.pending is not None:
-            mem.instruction_recorded()
+        self.memory.tick()                 # lifetimes of the tiles it touches (nkisim.memory)
         return instr
 
     def warn(self, key, message: str) -> None:

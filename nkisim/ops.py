@@ -190,6 +190,8 @@ def _filled(shape, dtype, value, buffer, name, api):
         run.record("memset", VECTOR, (), (region(t),), dtypes.name(t.dtype), _partitions(t),
                    _free(t), {"inputs": 0, "value": float(value),
                               "all_16bit": t.dtype in dtypes.SIXTEEN_BIT})
+    else:
+        run.memory.filled(t.root)     # holds its value from here on (its lifetime starts)
     return t
 
 

@@ -272,6 +272,7 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
         for name, t in mutables.items():
             if not legacy and not any(o.root is t.root for o in outs):
                 raise nki_error("err_mutable_parameter_not_returned", name=name)
+        run.memory.finish()                    # SBUF/PSUM lifetimes: the peak, capacity
         checks.check_outputs(run, outs)        # skips returned (mutable) inputs
         # The checks are done: drop the HBM tensors' write-epoch shadows (an int32 per element),
         # which last_run() would otherwise keep alive through the golden model and comparison

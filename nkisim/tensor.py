@@ -26,6 +26,7 @@ import numpy as np
 from . import checks, context, dtypes
 from .errors import nki_error, shape_str
 from .indexing import IndexExpr, normalize_key, split_shape
+from .memory import TOUCHED
 from .trace import Region
 
 # ---------------------------------------------------------------------------------------------
@@ -989,6 +990,8 @@ def _full_idx(idx, t):
 def region(t: Tensor) -> Region:
     """The physical region a view touches (bounding box: partitions x bytes in a partition)."""
     root = t.root
+    if root.buffer != "hbm":
+        TOUCHED.append(root)          # its lifetime (nkisim.memory)
     arr = t._arr
     if arr is None:
         return Region(root.buffer, root.key, root.name, 0, 128, 0, root.pbytes or 1)

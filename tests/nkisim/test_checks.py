@@ -616,13 +616,16 @@ def test_writing_an_input_is_rejected(how):
 
 def test_peak_counts_declared_tiles_and_instruction_results():
     def body(a):
-        out = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.shared_hbm)
+        out = nl.ndarray((128, 1024), dtype=nl.bfloat16, buffer=nl.shared_hbm)
+        out2 = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.shared_hbm)
         x = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.sbuf)        # 4096 B
         nisa.dma_copy(src=a, dst=x)
         y = nisa.tensor_scalar(x, nl.multiply, 2.0)                           # + 4096 B
         z = nisa.tensor_scalar(y, nl.add, 1.0, dtype=nl.bfloat16)            # + 2048 B
+        w = nisa.tensor_tensor(x, y, nl.add)      # last use of x, y: w takes their place
         nisa.dma_copy(src=z, dst=out)
-        return out
+        nisa.dma_copy(src=w, dst=out2)
+        return out, out2
 
     _, r = run(body, rand(128, 1024))
     summary = r.memory.summary()
@@ -684,10 +687,16 @@ def test_psum_banks_are_counted_per_tile():
 
 def test_sbuf_overflow_names_the_largest_live_tensors():
     def body(a):
+        out = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.shared_hbm)
         w = nl.ndarray((128, 100, 256), dtype=nl.float32, buffer=nl.sbuf)   # 102400 B
         x = nl.ndarray((128, 24, 1024), dtype=nl.float32, buffer=nl.sbuf)   # 98304 B
         y = nl.ndarray((128, 8192), dtype=nl.float32, buffer=nl.sbuf)       # 32768 B: over
-        return w, x, y
+        w[...] = 1.0
+        x[...] = 2.0
+        y[...] = 3.0                     # w and x are read later: all three live here
+        for t in (w, x, y):
+            nisa.dma_copy(src=t[:, 0, 0] if t is not y else t[:, 0], dst=out)
+        return out
 
     msg = raises("nkisim_sbuf_overflow", body, rand(1))
     assert msg.startswith("SBUF overflow: live tensors need 233472 bytes per partition, more "
@@ -720,13 +729,50 @@ def test_a_broadcast_to_view_is_not_a_buffer():
         out = nl.ndarray((128, 4096), dtype=nl.float32, buffer=nl.shared_hbm)
         gt = nl.load(g)                                                  # [1, 4096]
         gb = gt.broadcast_to((128, 4096))
-        nl.store(out, nl.add(gb, nl.load(x)))
+        xt = nl.load(x)
+        nl.store(out, nl.add(gb, xt))
+        nl.store(out, nl.add(gb, xt))    # gt and xt are live while the first sum is
         return out
 
     g, x = rand(1, 4096), rand(128, 4096)
     out, r = run(body, g, x)
     assert np.array_equal(out, g + x)
     assert r.memory.peak_sbuf == 3 * 4096 * 4            # gt, x tile, the sum: no [128, F] copy
+
+
+def test_capacity_counts_lifetimes_not_python_references():
+    """Conformance repro r15 (AWS tutorials/layernorm shape): tiles the kernel still holds in
+    variables but never touches again do not occupy SBUF; an instruction's result may take the
+    place of the operands it reads for the last time (in-place ops are legal on the engines)."""
+    def body(x, g):
+        out = nl.ndarray((128, 12000), dtype=nl.float32, buffer=nl.shared_hbm)
+        xt = nl.load(x)                                  # 160000 B
+        gt = nl.load(g)                                  #  48000 B: 208000 B live
+        s = nl.add(gt.broadcast_to((128, 12000)), xt[:, 0:12000])   # xt, gt: last use
+        nl.store(out, s)
+        t = nl.multiply(s, 2.0)                          # xt still referenced, dead
+        nl.store(out, t)
+        return out
+
+    x, g = rand(128, 40000), rand(1, 12000)
+    out, r = run(body, x, g)
+    assert np.array_equal(out, 2 * (g + x[:, :12000]))
+    assert r.memory.peak_sbuf == 208000
+
+
+def test_capacity_counts_a_tile_until_its_last_use():
+    """The same tiles overflow when the first one is read again after the others exist."""
+    def body(x, g):
+        out = nl.ndarray((128, 12000), dtype=nl.float32, buffer=nl.shared_hbm)
+        xt = nl.load(x)                                  # 160000 B
+        gt = nl.load(g)
+        gb = gt.broadcast_to((128, 12000))
+        s = nl.add(gb, xt[:, 0:12000])                  # xt and gt live with s: 256000 B
+        nl.store(out, nl.add(nl.add(s, xt[:, 12000:24000]), gb))
+        return out
+
+    msg = raises("nkisim_sbuf_overflow", body, rand(128, 40000), rand(1, 12000))
+    assert "need 256000 bytes per partition" in msg and "`xt` [128, 40000]" in msg
 
 
 @pytest.mark.parametrize("target, fits", [("trn1", False), ("trn2", True)])
@@ -748,6 +794,8 @@ def test_psum_overflow_at_nine_banks():
         tiles = []
         for _ in nl.static_range(9):
             tiles.append(nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum))
+        for t in tiles:                  # all nine are read after the last one is written
+            nisa.tensor_copy(t)
 
     msg = raises("nkisim_psum_overflow", body)
     assert msg.startswith("PSUM overflow: live tensors need 9 PSUM banks, more than the 8 banks")
