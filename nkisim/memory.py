@@ -142,9 +142,6 @@ class Memory:
     def commit(self) -> None:
         """(Nothing is provisional any more: lifetimes are measured.)"""
 
-    def instruction_recorded(self) -> None:
-        self.tick()
-
     # ---- release ----
     def release(self, alloc) -> None:
         """Discard ``alloc``: a retargeted result tile never existed (not counted). Operands
