@@ -457,13 +457,19 @@ def _indexed_contig_bytes(t: Tensor) -> int:
 
 def _dma(dst: Tensor, src: Tensor, src_vals, api: str, run, mask=None, accumulate_op=None):
     """Record and perform a DMA transfer (values already read and shaped)."""
+    from .indirect import index_tiles
+    idx_tiles = index_tiles(src) + index_tiles(dst)
+    if run.taint is not None and accumulate_op is None and not idx_tiles and \
+            src_vals.size == dst.size:
+        # a plain copy: exactly the elements copied from never-written ones are never-written
+        from .tensor import elementwise_taint
+        elementwise_taint(run, src)
     if accumulate_op is not None:
         cur = dtypes.to_f32(read(dst, api, run))
         src_vals = accumulate_op(cur, dtypes.to_f32(src_vals))
     write(dst, src_vals, api, run=run, mask=mask)
     nbytes = dst.size * dst.dtype.itemsize
-    from .indirect import index_tiles
-    idx = tuple(region(i) for i in index_tiles(src) + index_tiles(dst))   # indirect DMA
+    idx = tuple(region(i) for i in idx_tiles)   # indirect DMA
     run.record("dma_copy", DMA, (region(src),) + idx, (region(dst),), dtypes.name(dst.dtype),
                _partitions(dst) if dst.root.buffer != "hbm" else _partitions(src),
                _free(dst) if dst.root.buffer != "hbm" else _free(src),
