@@ -10,6 +10,41 @@ plugin, loaded through its ``pytest11`` entry point once the project is installe
 import numpy as np
 import pytest
 
+# ---- the default run and the thorough one -----------------------------------------------
+# The README's test command (`python -m pytest -n 2 -q`) is the lean default: the tests marked
+# `slow` are deselected. They are the larger instances of behaviours the default run also tests
+# on a smaller input (the 224x224 conv2d cases with 256 channels at B=4 and B=1 against the
+# 32x16 cases and the 128-channel 224x224 image, the 4096x4096 transpose against 1024x1024,
+# the handout's ROW_CHUNK=1 kernel at n=25600 against n=1280) and the wheel build of
+# test_isolation. `--run-slow` (or any `-m` expression naming `slow`, e.g. `-m slow`) runs
+# them: `.ci/run` runs `-m slow` as its thorough step, the per-dtype tox environments pass
+# `--run-slow`.
+
+
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", default=False,
+                     help="also run the tests marked slow (deselected by default)")
+
+
+def _runs_slow(config) -> bool:
+    return config.getoption("--run-slow") or "slow" in (config.getoption("markexpr") or "")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    if _runs_slow(config):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow") is not None]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        keep = set(map(id, slow))
+        items[:] = [item for item in items if id(item) not in keep]
+
+
+def pytest_report_header(config):
+    if not _runs_slow(config):
+        return "slow tests deselected (--run-slow or -m slow runs them)"
+
 
 @pytest.fixture
 def rng(request):

@@ -138,7 +138,8 @@ def _inputs(spec, rng):
 def estimate_row(row: Row, rng, bench_out: list | None = None) -> tuple[float, float]:
     """(estimated µs, wall seconds) of one row on its target (``bench_out`` receives the
     benchmark object, whose ``benchmark_result`` has the trace and schedule)."""
-    from fixtures import handout
+    from nkiverify.fixtures import handout
+
     from nkisim.runtime import benchmark
 
     obj = getattr(handout, row.kernel) if row.kind == "handout" else _local_kernels()[row.kernel]

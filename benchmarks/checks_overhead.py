@@ -32,7 +32,8 @@ def main() -> None:
 
     import nkisim.shim
     nkisim.shim.install()
-    from kernels.conv2d import fused_conv2d_maxpool
+    from nkiverify.kernels.conv2d import fused_conv2d_maxpool
+
     from nkisim.runtime import simulate
 
     rng = np.random.default_rng(0)

@@ -1,4 +1,5 @@
-"""nkisim: a pure-NumPy interpreter of the ``neuronxcc.nki`` API.
+"""nkisim: a pure-NumPy interpreter of NKI, in both dialects: ``neuronxcc.nki`` (Beta 1, the face
+in nkisim.beta1) and ``nki`` (NKI 0.3-0.7, the face in nkisim.nki), on one machine core.
 
 Run unmodified NKI kernels on any machine: ``nkisim.shim.install()`` (or ``nkisim run SCRIPT``)
 makes ``import neuronxcc.nki as nki`` resolve to nkisim when the real neuronx-cc is not installed.

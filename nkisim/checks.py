@@ -78,6 +78,7 @@ def region_str(mask: np.ndarray) -> str:
 def _root_coords(t, mask):
     """Indices in the *tensor's* coordinates (its root shadow) of the True elements of ``mask``,
     a boolean array over the view ``t``; None when the view cannot be mapped back."""
+    materialize(t.root)             # a lazy shadow: messages name the tensor's coordinates
     root_w = t.root.shadow
     w = t._w
     if root_w is None or w is None or not root_w.flags.c_contiguous or \
@@ -116,8 +117,71 @@ def tensor_region(t, mask) -> str:
 
 
 def shadow_view(t):
-    """The write epochs of the elements view ``t`` touches."""
-    return t._w if t._idx is None else t._w[t._idx]
+    """The write epochs of the elements view ``t`` touches, for reading (a lazy shadow stays
+    lazy: a read-only broadcast of its epoch)."""
+    w = t._ws
+    if w is LAZY:
+        w = lazy_view(t)
+    return w if t._idx is None else w[t._idx]
+
+
+# ---------------------------------------------------------------------------------------------
+# lazy shadows
+#
+# An SBUF/PSUM tile (partition dimension first) starts with a *lazy* shadow: no array, every
+# element has the epoch ``root.uniform`` (0: never written). Its views carry ``LAZY`` instead of
+# a shadow view. Reads see a broadcast of that epoch; a write that covers the whole tile only
+# sets ``uniform``; the first write to part of it (or a masked one) *materializes* the shadow
+# (``root.shadow``), and from then on every view, old or new, derives its element-wise epochs
+# from its place in the tile's storage (``lazy_view``). Most tiles (instruction results, PSUM
+# accumulators) are only ever written whole: no int32 per element is allocated or filled.
+
+class _Lazy:
+    __slots__ = ()
+
+    def __repr__(self):
+        return "<lazy shadow>"
+
+
+LAZY = _Lazy()
+_INT32 = np.dtype(np.int32)
+
+
+_CELLS: dict = {}
+
+
+def _epoch_cell(epoch):
+    """A read-only one-element int32 array holding ``epoch`` (np.broadcast_to is 5x slower)."""
+    cell = _CELLS.get(epoch)
+    if cell is None:
+        if len(_CELLS) > 4096:
+            _CELLS.clear()
+        cell = _CELLS[epoch] = np.array([epoch], np.int32)
+        cell.flags.writeable = False
+    return cell
+
+
+def materialize(root) -> None:
+    """Give a lazy root its element-wise shadow (all ``root.uniform``)."""
+    if root.shadow is None and root.store is not None:
+        root.shadow = np.full(root.shape, root.uniform, np.int32)
+
+
+def lazy_view(t):
+    """The shadow of view ``t`` of a lazy root: a broadcast of the root's epoch, or once
+    materialized the view of ``root.shadow`` at the view's place in the storage."""
+    root = t.root
+    shadow = root.shadow
+    arr = t._arr
+    if shadow is None:           # every element has the root's epoch: a read-only broadcast
+        return np.ndarray(arr.shape, _INT32, buffer=_epoch_cell(root.uniform),
+                          strides=(0,) * arr.ndim)
+    item = arr.itemsize
+    off = arr.__array_interface__["data"][0] - root.store.__array_interface__["data"][0]
+    w = np.ndarray(arr.shape, _INT32, buffer=shadow, offset=off // item * 4,
+                   strides=tuple(st // item * 4 for st in arr.strides))
+    t._ws = w                  # the shadow exists now: the view keeps its own
+    return w
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,9 +280,10 @@ def _racy_loops(run, root):
 
 def _covers(t) -> bool:
     """True when view ``t`` is the whole tensor (each element once, not a masked copy)."""
-    shadow = t.root.shadow
+    root = t.root
+    shadow = root.shadow if root.shadow is not None else root.store
     return t._arr is not None and t._idx is None and shadow is not None and \
-        t._w.size == shadow.size
+        t._arr.size == shadow.size
 
 
 def _bounds(t, w):
@@ -273,13 +338,15 @@ def check_read(run, t, api: str, accumulate: bool = False, uninit: bool = True) 
     if root.live is None and "scope" in run.checks:
         raise _scope_error(run, t)
     racy = () if accumulate or root is run.assoc else _racy_loops(run, root)
+    uninit = uninit and "uninit" in run.checks
+    if not racy and (not uninit or root.full is True or
+                     (root.uniform is not None and root.uniform > 0)):
+        return                                  # (the summaries decide: no shadow needed)
     w = shadow_view(t)
     if not w.size:
         return
-    uninit = uninit and "uninit" in run.checks
     if not racy:
-        if uninit:
-            _check_initialized(run, t, w, api)
+        _check_initialized(run, t, w, api)
         return
     lo, hi = _bounds(t, w)
     if lo >= run.epoch:
@@ -311,8 +378,13 @@ def check_write(run, t, api: str, accumulate: bool, same_values=None) -> bool:
     covers = _covers(t)
     racy = _racy_loops(run, root)
     if racy:
-        w = shadow_view(t)
-        lo, hi = _bounds(t, w) if w.size else (epoch, epoch)
+        u = root.uniform
+        if u is not None and t.size:
+            # one epoch everywhere: _find_race decides from it alone (no shadow view)
+            w, lo, hi = None, u, u
+        else:
+            w = shadow_view(t)
+            lo, hi = _bounds(t, w) if w.size else (epoch, epoch)
         hit = _find_race(run, w, lo, hi, racy) if lo < epoch else None
         if hit is not None:
             if accumulate or root is run.assoc:
@@ -336,6 +408,8 @@ def check_write(run, t, api: str, accumulate: bool, same_values=None) -> bool:
         if hit is not None:
             lp, e = hit
             file, line = caller_location()
+            if w is None:
+                w = shadow_view(t)
             raise nki_error(
                 "err_unexpected_output_dependencies", loop=loop_name(lp), name=t.name,
                 region=_strip_name(tensor_region(t, w == e), t),

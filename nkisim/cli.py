@@ -1,7 +1,7 @@
 """``nkisim`` command line: run unmodified NKI scripts on nkisim.
 
     nkisim run SCRIPT [ARGS...]      run SCRIPT as `python SCRIPT ARGS...` with neuronxcc.nki
-                                     served by nkisim (course harnesses, benchmark scripts)
+                                     and nki served by nkisim (course harnesses, benchmarks)
     nkisim info                      targets, the shim's state, the enabled checks
 
 Options for ``run``: ``--target trn1|trn2`` (sets NKISIM_TARGET), ``--checks SPEC`` (sets
@@ -57,6 +57,9 @@ def _run(args) -> int:
     if not shim.install(force=args.force or None):
         print("nkisim: a real neuronx-cc is installed; running with it (use --force to "
               "simulate on nkisim)", file=sys.stderr)
+    if not shim.serves_nki():
+        print("nkisim: a real nki is installed; `import nki` runs with it (use --force to "
+              "simulate on nkisim)", file=sys.stderr)
     script = args.script
     if not os.path.exists(script):
         print(f"nkisim: no such script: {script}", file=sys.stderr)
@@ -79,6 +82,7 @@ def _info(args) -> int:
     print(f"targets: {', '.join(sorted(set(t.name for t in TARGETS.values())))} "
           f"(NKISIM_TARGET={os.environ.get('NKISIM_TARGET', 'trn2 (default)')})")
     print(f"real neuronx-cc importable: {shim.real_neuronxcc_available()}")
+    print(f"real nki importable: {shim.real_nki_available()}")
     checks = parse_checks(os.environ.get("NKISIM_CHECKS"))
     print(f"checks: {', '.join(c for c in ALL_CHECKS if c in checks) or 'none'}")
     from .context import strict_from_env

@@ -22,11 +22,11 @@ device does not order (instances run on different NeuronCores).
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass, field
 
 from . import errors
 from .arch import Arch, get_arch
+from .errors import _PKG_DIR, caller_location, where  # noqa: F401 - used by checks, tensor
 from .trace import Instr, Trace
 
 # The checks nkisim runs by default; each can be turned off (NKISIM_CHECKS=-races,-uninit or
@@ -41,7 +41,6 @@ from .trace import Instr, Trace
 #             (err_local_variable_used_out_of_scope)
 ALL_CHECKS = ("uninit", "races", "outputs", "capacity", "warnings", "inputs", "scope")
 
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def parse_checks(spec: str | None) -> frozenset:
@@ -73,6 +72,37 @@ class Loop:
     first_epoch: int = 0      # epoch of iteration 0 (epochs of this activation are >= it)
     parent_epoch: int = 1     # epoch of the context the loop runs in
     scope: list = field(default_factory=list)   # allocations made in the current iteration
+    key: tuple = ()           # ((loop id, kind, iteration), ...) of the stack, outermost first
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The language rules of the dialect whose face launched the kernel, where the dialects
+    differ in what one machine operation means (the core follows them; it knows no dialect).
+    The defaults are Beta 1's (``neuronxcc.nki``); ``nkisim.nki`` sets those of ``nki`` 0.3+
+    (shared/spec/nki-current.md §2.0, §2.3)."""
+
+    dialect: str = "beta1"              # for messages only
+    version: tuple = ()                 # (major, minor) of the dialect, () for Beta 1
+    # An integer index on an on-chip tensor's partition dim keeps it at size 1, and an integer
+    # on a free dim drops it unless the view would fall below 2-D (nki §2.0 item 3). Beta 1:
+    # the partition dim is dropped, and a single remaining free dim is kept at size 1.
+    onchip_keep_partition: bool = False
+    # nl.add etc. broadcast their operands (Beta 1); nki 0.3+ "no broadcasting" (§2.3).
+    broadcast: bool = True
+    # Returned HBM tensors must have been created with buffer=nl.shared_hbm (nki 0.3+, §2.0/6).
+    outputs_shared_hbm: bool = False
+    # nl.copy's result is in the buffer of its source (nki 0.3-0.5), not always SBUF (§2.3).
+    copy_same_buffer: bool = False
+    # nl.affine_range & co. are Python ranges, unrolled (nki 0.3+, §2.0 item 4): a tensor
+    # created in such a loop body is created at kernel level (shared_hbm outputs included).
+    unrolled_loops: bool = False
+    # nl.max / nl.sum ... reduce "the last contiguous free dims" only ([1], [1, 2], ...;
+    # STUB-R32 nl.max, §2.3); Beta 1 reduces any free axes.
+    reduce_last_axes: bool = False
+
+
+BETA1 = Rules()
 
 
 @dataclass(slots=True, eq=False)
@@ -110,6 +140,7 @@ class Run:
     #                                                   instruction (nkisim.tensor.read/write)
     rng: object = None                                # nl.rand / dropout generator (nl._rng)
     vector_acc: dict = field(default_factory=dict)    # VectorE accumulators (isa._accumulate)
+    rules: Rules = BETA1                              # the launching face's language rules
 
     # ---- loops and epochs ----
     def new_epoch(self, loop: Loop, iteration: int) -> int:
@@ -137,9 +168,15 @@ class Run:
 
     def record(self, op, engine, reads, writes, dtype, partitions, free, detail=None) -> Instr:
         file, line = caller_location()
+        stack = self.loops
+        if not stack:
+            loops = ()
+        else:           # the innermost loop keeps the stack's tuple for its current iteration
+            loops = stack[-1].key
+            if stack[-1].epoch != self.epoch or len(loops) != len(stack):
+                loops = tuple((lp.id, lp.kind, lp.iteration) for lp in stack)
         instr = Instr(op, engine, tuple(reads), tuple(writes), dtype, partitions, free,
-                      detail if detail is not None else {},
-                      tuple((lp.id, lp.kind, lp.iteration) for lp in self.loops), file, line)
+                      detail if detail is not None else {}, loops, file, line)
         self.trace.append(instr)
         self.taint = None                  # the instruction is complete (nkisim.tensor.read)
         self.memory.tick()                 # lifetimes of the tiles it touches (nkisim.memory)
@@ -215,17 +252,3 @@ def new_run(target: str | None = None, checks=None, kernel_name: str = "",
     run.memory = Memory(run)
     run.strict = strict_from_env() if strict is None else bool(strict)
     return run
-
-
-def caller_location() -> tuple[str, int]:
-    """(file, line) of the innermost frame outside the nkisim package: the kernel's line."""
-    f = sys._getframe(2)
-    while f is not None and f.f_code.co_filename.startswith(_PKG_DIR):
-        f = f.f_back
-    if f is None:
-        return "", 0
-    return f.f_code.co_filename, f.f_lineno
-
-
-def where(file: str, line: int) -> str:
-    return f"{os.path.basename(file)}:{line}" if file else "<unknown>"

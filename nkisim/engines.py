@@ -112,7 +112,8 @@ _REDUCIBLE = {"add", "subtract", "multiply", "maximum", "minimum", "max", "min",
 _ACT = {}
 for _name in ("copy", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu",
               "gelu_apprx_tanh", "silu", "erf", "softplus", "mish", "square", "abs", "sign",
-              "sin", "arctan", "reciprocal", "negative"):
+              "sin", "arctan", "reciprocal", "negative", "gelu_apprx_sigmoid",
+              "gelu_apprx_sigmoid_dx", "silu_dx", "gelu_dx"):
     if hasattr(nl, _name):
         _ACT[getattr(nl, _name)] = _name
 _ACT.update({np.copy: "copy", np.exp: "exp", np.log: "log", np.sqrt: "sqrt", np.tanh: "tanh",
@@ -528,6 +529,75 @@ def affine_select(pred, on_true_tile, on_false_value, *, mask=None, dtype=None, 
                        mask=_mask(mask, v.shape))
 
 
+def affine_pattern(partitions, pattern, offset=0, channel_multiplier=0, api="iota"):
+    """``offset + p * channel_multiplier + sum(step_i * idx_i)`` for every partition ``p`` and
+    every index of the free access pattern ``pattern = [[step, num], ...]`` (outermost first, at
+    most 4 free dimensions): an int64 array of shape ``(partitions, num_0, ..., num_k)``. This is
+    the value NKI 0.2+ ``iota`` writes and the predicate operand of ``affine_select`` (STUB-R32
+    ``nki.isa.iota``: "dst[p, w, z, y, x] = offset + p*channel_multiplier + ..."; shared/spec/
+    nki-current.md §2.4)."""
+    try:
+        pairs = [(int(step), int(num)) for step, num in pattern]
+    except (TypeError, ValueError):
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"pattern must be a list of [step, num] pairs, got {pattern!r}") \
+            from None
+    if not 1 <= len(pairs) <= 4:
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"pattern must have 1 to 4 [step, num] pairs, got {len(pairs)}")
+    if any(num <= 0 for _, num in pairs):
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"every num of pattern must be positive, got {pattern!r}")
+    P = int(partitions)
+    v = np.full((P,) + (1,) * len(pairs), int(offset), np.int64)
+    v = v + (np.arange(P, dtype=np.int64) * int(channel_multiplier)).reshape(
+        (P,) + (1,) * len(pairs))
+    for d, (step, num) in enumerate(pairs):
+        shape = [1] * (len(pairs) + 1)
+        shape[d + 1] = num
+        v = v + (np.arange(num, dtype=np.int64) * step).reshape(shape)
+    return v
+
+
+def iota_pattern(partitions, pattern, dtype, offset=0, channel_multiplier=0):
+    """NKI 0.2+ ``iota``: the values of ``affine_pattern``, computed in int32 on GpSimd (wrapping
+    as int32 arithmetic does) and cast to ``dtype``; a (partitions, num_0, ...) tile."""
+    run = context.current()
+    api = "iota"
+    if int(partitions) > run.arch.pmax:
+        raise nki_error("err_num_partition_exceed_arch_limit", n=int(partitions),
+                        limit=run.arch.pmax)
+    v = affine_pattern(partitions, pattern, offset, channel_multiplier, api).astype(np.int32)
+    out = v.astype(np.float32) if dtypes.is_float(dtype) else v
+    return result_tile(run, v.shape, dtype, out, api, GPSIMD, (), {"inputs": 0})
+
+
+def affine_select_pattern(pattern, channel_multiplier, on_true_tile, on_false_value,
+                          cmp_op=nl.equal, offset=0, dtype=None):
+    """NKI 0.2+ ``affine_select``: ``on_true_tile`` where ``cmp_op(offset + p *
+    channel_multiplier + sum(step_i * idx_i), 0)`` holds, ``on_false_value`` elsewhere (STUB-R32
+    ``nki.isa.affine_select``); the pattern covers the tile's free elements. GpSimd."""
+    run = context.current()
+    api = "affine_select"
+    x = _tile(on_true_tile, api, "on_true_tile")
+    cname = _alu_name(cmp_op, api)
+    if cname not in _COMPARE and cname != "not_equal":
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"cmp_op must be a comparison (nl.equal, nl.not_equal, nl.less, "
+                            f"nl.less_equal, nl.greater, nl.greater_equal), got {cname}")
+    shape = _tile_shape(x)
+    pv = affine_pattern(shape[0], pattern, offset, channel_multiplier, api)
+    if pv.size != math.prod(shape):
+        raise nki_error("nkisim_shape_mismatch", params=f"pattern{shape_str(pv.shape)}, "
+                        f"on_true_tile{shape_str(x.shape)}", api=api,
+                        why="the pattern must cover the free elements of on_true_tile")
+    cmp = np.not_equal if cname == "not_equal" else _COMPARE[cname]
+    pred = cmp(pv, 0).reshape(shape)
+    v = _tile_vals(x, api, run).reshape(shape)
+    out = np.where(pred, v, np.float32(on_false_value))
+    return result_tile(run, shape, dtype or x.dtype, out, api, GPSIMD, (x,), _detail(x))
+
+
 # ---------------------------------------------------------------------------------------------
 # Tensor Engine (ref §1.10 nc_matmul / nc_transpose, §1.11, §3.3)
 
@@ -599,8 +669,15 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
             raise nki_error("nkisim_invalid_argument", api=api,
                             why="tile_position and tile_size must be multiples of 32")
     a = _tile_vals(st, api, run).reshape(K, M)
-    b = _tile_vals(mv, api, run).reshape(K, N)
-    out = (a.T @ b).reshape((M,) + ms[1:])
+    bv = _tile_vals(mv, api, run)
+    if bv.ndim == 3 and bv.shape[2] >= 128 and not bv.flags.c_contiguous:
+        # a window of rows of a wider tile (conv2d's shifted input rows): one GEMM per row
+        # on the strided rows instead of copying the window first (issue 12: 5-10% of a
+        # 224x224 conv2d simulation went to that copy)
+        out = np.empty((M,) + bv.shape[1:], np.float32)
+        np.matmul(a.T, bv.transpose(1, 0, 2), out=out.transpose(1, 0, 2))
+    else:
+        out = (a.T @ bv.reshape(K, N)).reshape((M,) + ms[1:])
     if run.taint is not None:
         _matmul_taint(run, st, mv, K, M, N, (M,) + ms[1:])
     fp32 = st.dtype.itemsize == 4 or mv.dtype.itemsize == 4

@@ -13,6 +13,9 @@ documented rule and have no docs link.
 
 from __future__ import annotations
 
+import os
+import sys
+
 DOCS = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/nki/api/nki.errors.html"
 
 
@@ -166,6 +169,12 @@ ERRORS: dict[str, tuple[type[Exception], str]] = {
         "tolerates it; without strict mode this is a warning): {what}; the rule: \"{rule}\" "
         "({link})"),
     "nkisim_invalid_argument": (ValueError, "{api}: {why}"),
+    # nki 0.3+ (shared/spec/nki-current.md §2.0 item 6: MIG 0.2->0.3 "Output tensors must use
+    # nl.shared_hbm"; nl.hbm outputs "will cause compilation failures")
+    "nkisim_output_not_shared_hbm": (
+        ValueError, "kernel output `{name}` is not an nl.shared_hbm tensor: output tensors must "
+        "use nl.shared_hbm (nl.ndarray(..., buffer=nl.shared_hbm)); nl.hbm/nl.private_hbm "
+        "outputs cause compilation failures from NKI 0.3.0"),
 }
 
 
@@ -212,3 +221,21 @@ SUSPICIOUS_PREFIX = "suspicious pattern: "
 def rule_text(what: str, rule: str, link: str) -> str:
     """The message of a tolerated-rule warning: what the kernel does, the rule quoted, its link."""
     return f"{RULE_PREFIX}{what}; the rule: \"{rule}\" ({link})"
+
+
+# The user's line for a diagnostic: the innermost frame outside the nkisim package.
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def caller_location() -> tuple[str, int]:
+    """(file, line) of the innermost frame outside the nkisim package: the kernel's line."""
+    f = sys._getframe(2)
+    while f is not None and f.f_code.co_filename.startswith(_PKG_DIR):
+        f = f.f_back
+    if f is None:
+        return "", 0
+    return f.f_code.co_filename, f.f_lineno
+
+
+def where(file: str, line: int) -> str:
+    return f"{os.path.basename(file)}:{line}" if file else "<unknown>"

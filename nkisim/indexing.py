@@ -205,6 +205,12 @@ class par_dim:
 
 def split_shape(shape) -> tuple[tuple, int]:
     """Plain int shape and the partition axis (the ``par_dim`` position, default 0)."""
+    if type(shape) is tuple:           # the common case, every instruction's result: as is
+        for s in shape:
+            if type(s) is not int:
+                break
+        else:
+            return shape, 0
     if isinstance(shape, (int, np.integer, par_dim)):
         shape = (shape,)
     paxis = 0

@@ -21,22 +21,16 @@ import weakref
 
 import numpy as np
 
-from . import dtypes
+from . import checks, context, dtypes
 from .errors import nki_error
 from .indexing import IndexExpr
+from .tensor import Tensor, _check_oob, _full_idx, read, values, write
 
 # view -> the index tiles it was made with
 INDEX_TILES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def has_tensor_index(key) -> bool:
-    from .tensor import Tensor
-    key = key if isinstance(key, tuple) else (key,)
-    return any(isinstance(k, Tensor) for k in key)
-
-
 def _index_values(t, run) -> np.ndarray:
-    from .tensor import read
     if not dtypes.is_int(t.dtype):
         raise nki_error("nkisim_operand_dtype", param="index", api="indirect indexing",
                         dtype=dtypes.name(t.dtype), allowed="integer dtypes (int32, uint32...)")
@@ -51,8 +45,6 @@ def _index_values(t, run) -> np.ndarray:
 
 def indirect_getitem(tensor, key):
     """``tensor[key]`` where some index is an SBUF tile of integers."""
-    from . import context
-    from .tensor import Tensor
     run = context.current()
     key = key if isinstance(key, tuple) else (key,)
     tiles = []
@@ -91,12 +83,6 @@ def _oob_message(tensor, key, bad) -> str:
     return f"index {first} is out of bounds for axis 0 with size {arr.size}"
 
 
-def oob_error(fields) -> IndexError:
-    e = IndexError(fields["indirect"])
-    e.nki_code = "nkisim_indirect_out_of_bound"
-    return e
-
-
 def index_tiles(view) -> tuple:
     try:
         return INDEX_TILES.get(view, ())
@@ -107,8 +93,6 @@ def index_tiles(view) -> tuple:
 def accumulate_at(dst, vals, api, run, mask=None) -> None:
     """``dst += vals`` element by element, every contribution of a repeated index counted (an
     atomic read-modify-write)."""
-    from . import checks
-    from .tensor import _check_oob, values, write
     if dst._oob is not None:
         _check_oob(dst, mask)
     if dst._w is not None:
@@ -121,7 +105,6 @@ def accumulate_at(dst, vals, api, run, mask=None) -> None:
         write(dst, cur + vals, api, run=run, accumulate=True)
         return
     # repeated indices: sum every contribution into the root, then write the view
-    from .tensor import _full_idx
     full = _full_idx(dst._idx, dst)
     root_vals = dtypes.to_f32(dst._arr).copy()
     np.add.at(root_vals, full, vals)
@@ -133,7 +116,6 @@ def dynamic_index(name, x, y, run):
     expression is an index expression whose values are known when the instruction runs
     (aws-neuron-sdk nki/test/test_nki_isa_tensor_copy_dynamic.py:
     ``src_sbuf[ix, offsets_sbuf[0, idx] + iy]``)."""
-    from .tensor import Tensor, read
     vals = []
     for t in (x, y):
         if isinstance(t, IndexExpr):

@@ -16,7 +16,7 @@ import numpy as np
 from . import context, dtypes, engines
 from .errors import nki_error, shape_str
 from .ops import _detail, _mask, _tile, _tile_shape, _tile_vals, apply_binary, copy
-from .tensor import Tensor, _free, _partitions, fit, read, region, values, write
+from .tensor import Tensor, _free, _partitions, fit, read, region, sbuf, values, write
 from .trace import DMA, VECTOR
 
 _SUBSCRIPT_RE = re.compile(r"^\s*[A-Za-z_][\w.]*\s*\[.*\]\s*=(?!=)")
@@ -91,7 +91,7 @@ def matmul(x, y, *, transpose_x=False, mask=None, **kwargs):
                             mov=shape_str(yt.shape), api="matmul")
         # the extra TensorE transpose the compiler inserts, then a copy back to SBUF
         tp = engines.nc_transpose(xt, engine=engines.engine.tensor)
-        xt = copy(tp, dtype=xt.dtype)
+        xt = copy(tp, dtype=xt.dtype, buffer=sbuf)
         del tp
     return engines.nc_matmul(xt, yt)
 

@@ -39,8 +39,7 @@ import weakref
 
 import numpy as np
 
-from .context import where
-from .errors import nki_error, shape_str
+from .errors import nki_error, shape_str, where
 
 _MALLOC_TUNED = []
 
@@ -73,6 +72,13 @@ def tune_malloc() -> None:
     mallopt(M_TRIM_THRESHOLD, 128 << 20)
 
 
+class _TileRef(weakref.ref):
+    """A weak reference to a tile that knows its allocation (4x cheaper than
+    ``weakref.finalize``, which every allocation paid; issue 12)."""
+
+    __slots__ = ("alloc",)
+
+
 # Allocations touched by the instruction being built: ``nkisim.tensor.region`` appends the root
 # of every operand it describes, ``Memory.tick`` (at ``Run.record``) stamps them.
 TOUCHED: list = []
@@ -95,6 +101,7 @@ class Memory:
         self.dead = []              # lifetimes: (first, last, size, buffer, site)
         self.sites = {}             # (name, shape, dtype, file, line) -> site number
         self.finished = False
+        self.refs = {}              # alloc id -> _TileRef of its tensor, while it is live
         TOUCHED.clear()
 
     # ---- allocation ----
@@ -116,7 +123,9 @@ class Memory:
                 alloc.loop = lp
                 lp.scope.append(alloc)
                 break
-        weakref.finalize(tensor, self._unreachable, alloc)
+        ref = _TileRef(tensor, self._dead)
+        ref.alloc = alloc
+        self.refs[alloc.id] = ref
 
     def tick(self) -> None:
         """An instruction was recorded: stamp the allocations its operands touch."""
@@ -158,6 +167,7 @@ class Memory:
             return False
         alloc.live = False
         self.live.pop(alloc.id, None)
+        self.refs.pop(alloc.id, None)
         if alloc.buffer == "sbuf":
             self.sbuf_live -= alloc.pbytes
         elif alloc.buffer == "psum":
@@ -180,9 +190,9 @@ class Memory:
         size = alloc.pbytes if alloc.buffer == "sbuf" else alloc.banks
         self.dead.append((first, last, size, alloc.buffer == "sbuf", site))
 
-    def _unreachable(self, alloc) -> None:
-        # weakref finalizer: the kernel dropped its last reference to the tensor
-        self._die(alloc)
+    def _dead(self, ref) -> None:
+        # weakref callback: the kernel dropped its last reference to the tensor
+        self._die(ref.alloc)
 
     def end_iteration(self, loop) -> None:
         """The loop body's iteration ended: its tiles are out of scope."""

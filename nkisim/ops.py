@@ -17,6 +17,7 @@ import ml_dtypes
 import numpy as np
 
 from . import context, dtypes, tensor
+from .access import access_pattern, vector_select  # noqa: F401 - Tensor.ap (register_ops)
 from .dtypes import (  # noqa: F401 - re-exported as nl.float32 etc.
     bfloat16,
     bool_,
@@ -34,6 +35,11 @@ from .dtypes import (  # noqa: F401 - re-exported as nl.float32 etc.
 )
 from .errors import nki_error, shape_str
 from .indexing import DynSlice, IndexExpr, MaskExpr, arange, ds, mgrid, par_dim  # noqa: F401
+from .indirect import (  # noqa: F401 - indirect_getitem: Tensor.__getitem__ (register_ops)
+    dynamic_index,
+    index_tiles,
+    indirect_getitem,
+)
 from .tensor import (  # noqa: F401 - re-exported buffers
     Tensor,
     _free,
@@ -130,11 +136,16 @@ def _tile_shape(x: Tensor) -> tuple:
 
 
 def _detail(*tiles, inputs=None):
-    d = {"inputs": len(tiles) if inputs is None else inputs,
-         "psum_in": builtins.any(t.root.buffer == "psum" for t in tiles),
-         "all_16bit": builtins.all(t.dtype in dtypes.SIXTEEN_BIT for t in tiles),
-         "contiguous": builtins.all(_contiguous(t) for t in tiles)}
-    return d
+    psum_in, all_16bit, contiguous = False, True, True       # (plain loop: per instruction)
+    for t in tiles:
+        if t.root.buffer == "psum":
+            psum_in = True
+        if t.dtype not in dtypes.SIXTEEN_BIT:
+            all_16bit = False
+        if contiguous and not _contiguous(t):
+            contiguous = False
+    return {"inputs": len(tiles) if inputs is None else inputs, "psum_in": psum_in,
+            "all_16bit": all_16bit, "contiguous": contiguous}
 
 
 def _contiguous(t: Tensor) -> bool:
@@ -284,11 +295,13 @@ def _loop(kind, args, make_index):
     loop.parent_epoch = run.epoch
     run.loops.append(loop)
     memory = run.memory
+    outer = tuple((lp.id, lp.kind, lp.iteration) for lp in run.loops[:-1])
     try:
         for i in r:
             if loop.iteration >= 0:
                 memory.end_iteration(loop)
             loop.iteration = i
+            loop.key = outer + ((loop.id, kind, i),)      # for the trace (Run.record)
             e = run.new_epoch(loop, i)
             if loop.first_epoch == 0:
                 loop.first_epoch = e
@@ -457,13 +470,11 @@ def _indexed_contig_bytes(t: Tensor) -> int:
 
 def _dma(dst: Tensor, src: Tensor, src_vals, api: str, run, mask=None, accumulate_op=None):
     """Record and perform a DMA transfer (values already read and shaped)."""
-    from .indirect import index_tiles
     idx_tiles = index_tiles(src) + index_tiles(dst)
     if run.taint is not None and accumulate_op is None and not idx_tiles and \
             src_vals.size == dst.size:
         # a plain copy: exactly the elements copied from never-written ones are never-written
-        from .tensor import elementwise_taint
-        elementwise_taint(run, src)
+        tensor.elementwise_taint(run, src)
     if accumulate_op is not None:
         cur = dtypes.to_f32(read(dst, api, run))
         src_vals = accumulate_op(cur, dtypes.to_f32(src_vals))
@@ -546,7 +557,7 @@ def load_transpose2d(src, *, mask=None, dtype=None, **kwargs):
     return t
 
 
-def copy(src, *, mask=None, dtype=None, **kwargs):
+def copy(src, *, mask=None, dtype=None, buffer=None, **kwargs):
     """SBUF/PSUM -> a new SBUF tile (e.g. PSUM evacuation with a cast)."""
     run = context.current()
     x = _tile(src, "copy", "src")
@@ -556,8 +567,11 @@ def copy(src, *, mask=None, dtype=None, **kwargs):
         elementwise_taint(run, x)
     d = _detail(x)
     d["auto_engine"] = True            # the compiler picks the engine (nkisim.cost)
+    # nki 0.3-0.5: the result is in the source's buffer (ScalarE activation(copy)); Beta 1 and
+    # nki 0.6+: always SBUF (spec nki-current.md §2.3)
+    buf = buffer or (psum if run.rules.copy_same_buffer and x.root.buffer == "psum" else sbuf)
     return result_tile(run, x.shape, dtype or x.dtype, vals, "tensor_copy", VECTOR, (x,),
-                       d, mask=_mask(mask, x.shape))
+                       d, buffer=buf, mask=_mask(mask, x.shape))
 
 
 def broadcast_to(src, *, shape, **kwargs):
@@ -635,15 +649,15 @@ _COMPARE = {"equal", "not_equal", "greater", "greater_equal", "less", "less_equa
 def apply_binary(name, a, b):
     """fp32 (or raw-bit integer) element-wise op on engine inputs."""
     fn = _BINARY_FN[name]
-    with np.errstate(all="ignore"):
-        if _bitvec_op(name):
-            a = np.asarray(a)
-            if name == "right_shift" and a.dtype.kind == "i":
-                # logical shift of the operand's bits (ref §1.10 ALU table: right_shift is
-                # logical, arithmetic shift right is not supported)
-                a = a.astype(np.dtype(f"u{a.dtype.itemsize}"))
-            return fn(a.astype(np.int64), np.asarray(b).astype(np.int64))
-        return fn(a, b)
+    # no np.errstate here: a run computes under np.errstate(all="ignore") (runtime.simulate)
+    if _bitvec_op(name):
+        a = np.asarray(a)
+        if name == "right_shift" and a.dtype.kind == "i":
+            # logical shift of the operand's bits (ref §1.10 ALU table: right_shift is
+            # logical, arithmetic shift right is not supported)
+            a = a.astype(np.dtype(f"u{a.dtype.itemsize}"))
+        return fn(a.astype(np.int64), np.asarray(b).astype(np.int64))
+    return fn(a, b)
 
 
 def _operand_dtype(x):
@@ -655,7 +669,6 @@ def _binary(name, x, y, dtype, mask):
     api = name
     if name in ("add", "subtract", "multiply") and builtins.any(
             isinstance(t, IndexExpr) for t in (x, y)):
-        from .indirect import dynamic_index
         return dynamic_index(name, x, y, run)
     tiles = [t for t in (x, y) if isinstance(t, Tensor)]
     if not tiles:
@@ -675,6 +688,13 @@ def _binary(name, x, y, dtype, mask):
             v = v.reshape(_tile_shape(t))
             return v if bitvec else dtypes.to_f32(v)
         return t
+    if len(tiles) == 2 and not run.rules.broadcast and x.shape != y.shape:
+        # nki 0.3+ nl.add etc. do not broadcast (RN 2.29/2.30 known issue: "a (128, 1) +
+        # (128, 512) add fails"; spec nki-current.md §2.3): the launching face's rule
+        raise nki_error("nkisim_shape_mismatch", params=f"x{shape_str(x.shape)}, "
+                        f"y{shape_str(y.shape)}", api=f"nl.{api}",
+                        why="must have the same shape: nki.language element-wise ops do not "
+                            "broadcast (use nisa.tensor_scalar with a (P, 1) operand)")
     a, b = partition_vectors(vals(x), vals(y))
     sa = a.shape if isinstance(a, np.ndarray) else ()
     sb = b.shape if isinstance(b, np.ndarray) else ()
@@ -750,6 +770,10 @@ def _gelu_tanh(x):
     return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
 
 
+def _sig(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
 def _erf(x):
     from scipy.special import erf as _e
     return _e(x)
@@ -770,6 +794,16 @@ _UNARY_FN = {
     "ceil": np.ceil, "sin": np.sin, "cos": np.cos, "tan": np.tan, "arctan": np.arctan,
     "reciprocal": lambda x: 1.0 / x, "logical_not": lambda x: (x == 0),
     "invert": None,
+    # activation functions of the current nki.language that nki-library kernels pass to
+    # nisa.activation (core/mlp, core/moe: gelu_apprx_sigmoid, silu_dx, gelu_apprx_sigmoid_dx).
+    # The sigmoid approximation of GELU is x * sigmoid(1.702 x) (Hendrycks & Gimpel 2016,
+    # "Gaussian Error Linear Units", §2); the _dx functions are the derivatives.
+    "gelu_apprx_sigmoid": lambda x: x / (1.0 + np.exp(-1.702 * x)),
+    "gelu_apprx_sigmoid_dx": lambda x: _sig(1.702 * x) * (1.0 + 1.702 * x *
+                                                          (1.0 - _sig(1.702 * x))),
+    "silu_dx": lambda x: _sig(x) * (1.0 + x * (1.0 - _sig(x))),
+    "gelu_dx": lambda x: 0.5 * (1.0 + _erf(x / np.sqrt(2.0))) +
+    x * np.exp(-0.5 * x * x) / np.sqrt(2.0 * np.pi),
 }
 
 
@@ -830,6 +864,10 @@ abs = _make_unary("abs")  # noqa: A001 - NKI's name
 negative = _make_unary("negative")
 sign = _make_unary("sign")
 trunc = _make_unary("trunc")
+gelu_apprx_sigmoid = _make_unary("gelu_apprx_sigmoid")
+gelu_apprx_sigmoid_dx = _make_unary("gelu_apprx_sigmoid_dx")
+silu_dx = _make_unary("silu_dx")
+gelu_dx = _make_unary("gelu_dx")
 floor = _make_unary("floor")
 ceil = _make_unary("ceil")
 sin = _make_unary("sin")
@@ -938,6 +976,12 @@ def _reduce(name, x, axis, dtype, mask, keepdims):
     run = context.current()
     t = _tile(x, name, "x")
     axes = reduce_axes(t, axis, name)
+    nd = len(_tile_shape(t))
+    if run.rules.reduce_last_axes and sorted(set(axes)) != list(range(nd - len(set(axes)), nd)):
+        raise nki_error("nkisim_invalid_argument", api=f"nl.{name}",
+                        why=f"axis {list(axes)} of a {nd}-D tile: the reduced axes must be the "
+                            f"last contiguous free dimensions (e.g. {list(range(nd - 1, nd))} "
+                            f"or {list(range(1, nd))}); permute the tile first")
     v = read(t, name, run).reshape(_tile_shape(t))
     if name not in ("all",):
         v = dtypes.to_f32(v)

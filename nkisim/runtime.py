@@ -194,18 +194,30 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
     flags["additional_compile_opt"] = str(opts.get("additional_compile_opt") or "")
     run.trace.compiler = flags
     run.multi_buffer = multi_buffer_factor(flags)
+    run.rules = getattr(k, "rules", context.BETA1)
     sig_names = list(inspect.signature(k.func).parameters)
     mutable = _mutable_params(k.func)
     legacy = k.mode == "trace"      # outputs are arguments: all writable, none returned
-    if legacy:
-        mutable = set(sig_names) | {f"arg{i}" for i in range(len(sig_names), len(args))}
+    # every input writable, and written back into the caller's arrays (the nki 0.3+ simulator:
+    # "Input arrays are updated in place when the kernel wrote to the corresponding HBM
+    # tensors", nki-current.md §3); outputs are still returned
+    writable = legacy or getattr(k, "inputs_writable", False)
+    if writable:
+        mutable = set(sig_names) | {f"arg{i}" for i in range(len(sig_names), len(args))} | \
+            set(kwargs)
     writeback = []
+    input_buffer = getattr(k, "input_buffer", None)     # the Buffer inputs report
     context.push(run)
     # nkisim runs thousands of small GEMMs (128x128 by 128x512); multi-threaded BLAS only adds
     # synchronization to those and thrashes a loaded machine (measured on 2 cores under load:
     # 15.6 ms per 128x128x444 fp32 matmul with 2 threads, 0.28 ms with 1). One thread while
     # simulating; NKISIM_BLAS_THREADS overrides.
     limits = threadpool_limits(int(os.environ.get("NKISIM_BLAS_THREADS", "1")), user_api="blas")
+    # The engines' numerics overflow to inf and make NaN silently, as the device does: one
+    # floating-point error state for the whole run instead of an ``np.errstate`` per write
+    # (2 us each, several per instruction; issue 12).
+    errs = np.errstate(all="ignore")
+    errs.__enter__()
     try:
         wrapped = []
         mutables = {}
@@ -234,9 +246,10 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
                     raise errors.nki_error("nkisim_empty_tensor", what="kernel argument", name=name,
                                     shape=tuple(np.shape(a)))
                 t = from_numpy(np.asarray(a), name, mutable=name in mutable)
+                t.root.buf = input_buffer
                 if name in mutable:
                     mutables[name] = t
-                if legacy and isinstance(a, np.ndarray) and t._arr is not a:
+                if writable and isinstance(a, np.ndarray) and t._arr is not a:
                     writeback.append((a, t))        # a non-contiguous array was copied
                 wrapped.append(t)
             else:
@@ -245,9 +258,10 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
         for name, a in kwargs.items():
             if isinstance(a, np.ndarray):
                 t = from_numpy(a, name, mutable=name in mutable)
+                t.root.buf = input_buffer
                 if name in mutable:
                     mutables[name] = t
-                if legacy and t._arr is not a:
+                if writable and t._arr is not a:
                     writeback.append((a, t))
                 kw[name] = t
             else:
@@ -267,10 +281,12 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
         outs = _flatten(result)
         if empty:
             return _empty_grid_outputs(run, k, result)
+        if run.rules.outputs_shared_hbm:
+            _check_shared_outputs(run, outs)
         for a, t in writeback:
             a[...] = values(t)
         for name, t in mutables.items():
-            if not legacy and not any(o.root is t.root for o in outs):
+            if not writable and not any(o.root is t.root for o in outs):
                 raise nki_error("err_mutable_parameter_not_returned", name=name)
         run.memory.finish()                    # SBUF/PSUM lifetimes: the peak, capacity
         checks.check_outputs(run, outs)        # skips returned (mutable) inputs
@@ -282,6 +298,7 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
         return _to_numpy(result)
     finally:
         context.pop()
+        errs.__exit__(None, None, None)
         limits.restore_original_limits()
 
 
@@ -299,6 +316,16 @@ def _empty_grid_outputs(run, k, result):
     for t in run.shared_hbm:
         t.root.shadow = t._w = None
     return out
+
+
+def _check_shared_outputs(run, outs) -> None:
+    """nki 0.3+: "Output tensors must use nl.shared_hbm"; an ``nl.hbm`` (private_hbm) output
+    "will cause compilation failures" (nki-current.md §2.0 item 6, MIG 0.2->0.3)."""
+    for o in outs:
+        root = o.root
+        if root.buffer == "hbm" and not root.param and \
+                not any(s.root is root for s in run.shared_hbm):
+            raise nki_error("nkisim_output_not_shared_hbm", name=o.name)
 
 
 _LAST = [None]

@@ -1,10 +1,14 @@
-"""Serve ``neuronxcc.nki`` from nkisim when the real neuronx-cc is not importable.
+"""Serve ``neuronxcc.nki`` (Beta 1) and ``nki`` (NKI 0.3-0.7) from nkisim when the real packages
+are not importable.
 
 ``install()`` puts an import hook at the front of ``sys.meta_path`` that answers
 ``neuronxcc``, ``neuronxcc.nki``, ``neuronxcc.nki.language``, ``.isa``, ``.compiler``,
-``.typing`` (and ``neuronxcc.nki.compiler.sbuf``/``psum``) with nkisim's modules. Nothing is
-written into site-packages. With the real package installed the hook stays out of the way
-unless ``NKISIM_FORCE=1`` (or ``install(force=True)``).
+``.typing`` (and ``neuronxcc.nki.compiler.sbuf``/``psum``) with nkisim.beta1's modules, and
+``nki``, ``nki.language``, ``nki.isa``, ``nki.isa.constants``, ``nki.typing``,
+``nki.collectives`` with nkisim.nki's. Nothing is written into site-packages. Each namespace is
+served only while its real package is absent (the PyPI ``nki`` 0.0.1 placeholder, whose
+``__init__`` raises ImportError("WRONG PACKAGE..."), counts as absent: spec nki-current.md §3,
+§6 item 15), unless ``NKISIM_FORCE=1`` (or ``install(force=True)``).
 """
 
 from __future__ import annotations
@@ -24,7 +28,26 @@ _MODULES = {
     "neuronxcc.nki.isa": "nkisim.beta1.isa",
     "neuronxcc.nki.compiler": "nkisim.beta1.compiler",
     "neuronxcc.nki.typing": "nkisim.beta1.typing",
+    "nki": "nkisim.nki",
+    "nki.language": "nkisim.nki.language",
+    "nki.isa": "nkisim.nki.isa",
+    "nki.typing": "nkisim.nki.typing",
+    "nki.collectives": "nkisim.nki.collectives",
 }
+_PACKAGES = ("neuronxcc", "neuronxcc.nki", "neuronxcc.nki.compiler", "nki", "nki.isa")
+# submodules made of a served module's attributes: name -> (module, attributes or None = all)
+_ATTR_MODULES = {
+    "neuronxcc.nki.compiler.sbuf": ("nkisim.beta1.compiler", "sbuf"),
+    "neuronxcc.nki.compiler.psum": ("nkisim.beta1.compiler", "psum"),
+    # `from nki.isa.constants import oob_mode, dge_mode` (nki-library): the ISA's enums
+    "nki.isa.constants": ("nkisim.nki.isa", None),
+}
+_NAMESPACES = ("neuronxcc", "nki")
+_serving: set = set()        # the namespaces the installed hook answers
+
+
+def _namespace(fullname: str) -> str:
+    return fullname.split(".", 1)[0]
 
 
 def real_neuronxcc_available() -> bool:
@@ -43,6 +66,29 @@ def real_neuronxcc_available() -> bool:
     return False
 
 
+def real_nki_available() -> bool:
+    """True when a real ``nki`` (not the PyPI placeholder, not this shim) is importable: some
+    other finder knows an ``nki`` package that has ``language`` and ``isa`` in it (the
+    placeholder wheel holds only an ``__init__.py`` that raises ImportError)."""
+    for finder in sys.meta_path:
+        if isinstance(finder, _Finder) or not hasattr(finder, "find_spec"):
+            continue
+        try:
+            spec = finder.find_spec("nki", None)
+        except Exception:
+            spec = None
+        if spec is not None:
+            for p in spec.submodule_search_locations or []:
+                try:
+                    names = {n.split(".")[0] for n in os.listdir(p)}
+                except OSError:
+                    continue
+                if {"language", "isa"} <= names:
+                    return True
+            return False
+    return False
+
+
 class _Loader(importlib.abc.Loader):
     def create_module(self, spec):
         if spec.name == "neuronxcc":
@@ -57,30 +103,41 @@ class _Loader(importlib.abc.Loader):
     def exec_module(self, module):
         if module.__name__ == "neuronxcc":
             return
+        name = module.__spec__.name
         # give the nkisim module its own spec back, so its relative imports keep working
         # (otherwise `__package__ != __spec__.parent` ImportWarnings)
         module.__spec__ = self._spec
+        # `from nki.isa import constants`: the import system looks the submodule up under the
+        # module's own name (nkisim.nki.isa.constants), so the attribute must exist
+        for sub in _ATTR_MODULES:
+            parent, _, leaf = sub.rpartition(".")
+            if parent == name and not hasattr(module, leaf):
+                setattr(module, leaf, importlib.import_module(sub))
 
 
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
+        if _namespace(fullname) not in _serving:
+            return None
         if fullname == "neuronxcc" or fullname in _MODULES:
             spec = importlib.machinery.ModuleSpec(fullname, _Loader(), origin="nkisim",
-                                                  is_package=fullname in ("neuronxcc",
-                                                                          "neuronxcc.nki",
-                                                                          "neuronxcc.nki.compiler"))
+                                                  is_package=fullname in _PACKAGES)
             return spec
-        if fullname in ("neuronxcc.nki.compiler.sbuf", "neuronxcc.nki.compiler.psum"):
+        if fullname in _ATTR_MODULES:
             return importlib.machinery.ModuleSpec(fullname, _AttrLoader(), origin="nkisim")
         return None
 
 
 class _AttrLoader(importlib.abc.Loader):
     def create_module(self, spec):
-        from .beta1 import compiler
-        ns = getattr(compiler, spec.name.rpartition(".")[2])
+        modname, attr = _ATTR_MODULES[spec.name]
+        ns = importlib.import_module(modname)
+        if attr is not None:
+            ns = getattr(ns, attr)
         m = types.ModuleType(spec.name)
-        m.__dict__.update(vars(ns))
+        m.__dict__.update({k: v for k, v in vars(ns).items()
+                           if not k.startswith("__") or k == "__doc__"})
+        m.__nkisim__ = True
         return m
 
     def exec_module(self, module):
@@ -90,32 +147,45 @@ class _AttrLoader(importlib.abc.Loader):
 _finder = _Finder()
 
 
-def installed() -> bool:
+def _hook_active() -> bool:
     return _finder in sys.meta_path
 
 
+def installed() -> bool:
+    """True when the hook is installed and serves ``neuronxcc.nki``."""
+    return _hook_active() and "neuronxcc" in _serving
+
+
 def install(force: bool | None = None) -> bool:
-    """Install the hook. Returns True when nkisim serves ``neuronxcc.nki``."""
+    """Serve each namespace (``neuronxcc``, ``nki``) whose real package is absent, every
+    namespace with ``force``. Returns True when nkisim serves ``neuronxcc.nki``;
+    :func:`serves_nki` tells about ``nki``."""
     if force is None:
         force = os.environ.get("NKISIM_FORCE", "") not in ("", "0")
-    if installed():
-        return True
-    if not force and real_neuronxcc_available():
-        return False
-    if force:
-        for name in list(sys.modules):
-            if name == "neuronxcc" or name.startswith("neuronxcc."):
-                del sys.modules[name]
-    sys.meta_path.insert(0, _finder)
+    real = {"neuronxcc": real_neuronxcc_available, "nki": real_nki_available}
+    new = {ns for ns in _NAMESPACES if ns not in _serving and (force or not real[ns]())}
+    for name in list(sys.modules):      # leftovers of a forced install or a placeholder
+        if _namespace(name) in new:
+            del sys.modules[name]
+    _serving.update(new)
+    if _serving and not _hook_active():
+        sys.meta_path.insert(0, _finder)
     _compat()
-    return True
+    return "neuronxcc" in _serving
+
+
+def serves_nki() -> bool:
+    """True when the installed hook serves ``nki`` (the current dialect)."""
+    return _hook_active() and "nki" in _serving
 
 
 def uninstall() -> None:
     if _finder in sys.meta_path:
         sys.meta_path.remove(_finder)
+    served = set(_serving)
+    _serving.clear()
     for name in list(sys.modules):
-        if name == "neuronxcc" or name.startswith("neuronxcc."):
+        if _namespace(name) in served:
             mod = sys.modules[name]
             if getattr(mod, "__nkisim__", False) or \
                     getattr(mod, "__name__", "").startswith(("nkisim", "neuronxcc.nki.compiler.")):

@@ -23,7 +23,7 @@ import sys
 
 import numpy as np
 
-from . import checks, context, dtypes
+from . import checks, context, dtypes, psum_init
 from .errors import nki_error, shape_str
 from .indexing import IndexExpr, normalize_key, split_shape
 from .memory import TOUCHED
@@ -43,6 +43,24 @@ class Buffer:
 
     def __repr__(self):
         return f"nl.{self.name}"
+
+    # ``t.buffer == nl.sbuf`` (nki-library: `tensor.buffer in (nl.hbm, nl.shared_hbm,
+    # nl.private_hbm)`): buffers are equal when they are the same kind of memory with the same
+    # sharing (nl.hbm is nl.private_hbm, STUB-R32 language); a placed tensor's buffer equals
+    # nl.sbuf. A buffer also equals its kind or name as a string (t.buffer == "sbuf").
+    def __eq__(self, other):
+        if isinstance(other, Buffer):
+            return self.kind == other.kind and self.shared == other.shared
+        if isinstance(other, str):
+            return other in (self.kind, self.name)
+        return NotImplemented
+
+    def __ne__(self, other):
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def __hash__(self):
+        return hash(self.kind)
 
 
 class DirectAlloc(Buffer):
@@ -66,6 +84,7 @@ psum = Buffer("psum", "psum")
 hbm = Buffer("hbm", "hbm")
 private_hbm = Buffer("private_hbm", "hbm")
 shared_hbm = Buffer("shared_hbm", "hbm", shared=True)
+_BY_KIND = {"sbuf": sbuf, "psum": psum, "hbm": hbm}
 
 
 def buffer_of(buffer) -> Buffer:
@@ -88,7 +107,7 @@ class Allocation:
     __slots__ = ("id", "buffer", "name", "key", "row_bytes", "p_base", "shadow", "param",
                  "mutable", "live", "pbytes", "banks", "loop", "file", "line", "direct",
                  "dtype", "shape", "epoch", "hi", "gen", "full", "uniform", "taint",
-                 "__weakref__")
+                 "adopted", "store", "buf", "base_off", "__weakref__")
 
     def __init__(self, buffer, name, dtype, shape):
         self.buffer = buffer          # "hbm" | "sbuf" | "psum"
@@ -99,6 +118,7 @@ class Allocation:
         self.key = None
         self.row_bytes = 0
         self.p_base = 0
+        self.base_off = 0             # direct allocation: byte offset of its first element
         self.shadow = None
         self.param = False
         self.mutable = False
@@ -115,19 +135,29 @@ class Allocation:
         self.full = -1                # True once fully written, else `gen` of the last check
         self.uniform = None           # the epoch of every shadow element, when known
         self.taint = None             # the uninitialized read its never-written values came from
+        self.adopted = False          # storage adopted from an instruction, not yet "written"
+        self.store = None             # a lazy shadow's tile storage (see checks.LAZY)
+        self.buf = None               # the Buffer it was created in (None: by kind)
 
 
 _ids = iter(range(1, 1 << 62))
 _NAME_RE = re.compile(r"^\s*([A-Za-z_]\w*)\s*(?::[^=]+)?=(?!=)")
 
 
+_NAMES: dict = {}        # (file, line) -> the variable assigned on that line, or None
+
+
 def _infer_name(file: str, line: int, default: str) -> str:
-    """The variable a tensor is assigned to on its source line (``a_tile = nl.ndarray(...)``)."""
-    if file:
+    """The variable a tensor is assigned to on its source line (``a_tile = nl.ndarray(...)``).
+    Looked up once per source line (a loop body allocates at the same lines every iteration)."""
+    if not file:
+        return default
+    key = (file, line)
+    name = _NAMES.get(key, False)
+    if name is False:
         m = _NAME_RE.match(linecache.getline(file, line))
-        if m:
-            return m.group(1)
-    return default
+        name = _NAMES[key] = m.group(1) if m else None
+    return name or default
 
 
 def _site_key(run, buffer, file, line, result=False):
@@ -193,7 +223,8 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
     if buf.kind == "hbm":
         if fill is not None:
             raise nki_error("err_hbm_tensor_with_init_value_not_supported")
-        if buf.shared and run.nesting == 0 and run.loops:
+        if buf.shared and run.nesting == 0 and run.loops and not (
+                run.rules.unrolled_loops and all(lp.kind == "static" for lp in run.loops)):
             raise nki_error("err_shared_hbm_must_in_kernel_level")
         if buf.shared and run.grid and run.program_ids != (0,) * len(run.grid):
             # SPMD instances share shared_hbm tensors: the n-th created is the same tensor.
@@ -204,6 +235,7 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
         arr = np.full(shape, dtypes.poison(dt), dtype=sdt)
         a = _new_alloc(run, "hbm", name, dt, shape, arr, file, line)
         a.key = ("hbm", a.id)
+        a.buf = buf
         a.shadow = np.zeros(shape, np.int32) if run.checks else None
         t = Tensor(arr, a.shadow, a, dt, shape, None, None)
         if buf.shared:
@@ -252,10 +284,12 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
                         largest=f"`{name}` {shape_str(shape)} {dtypes.name(dt)}: {pbytes} B "
                                 f"({context.where(file, line)})")
     phys_shape = (P,) + blocks + free
+    adopted = False
     if storage is not None and fill is None and not poison and not paxis and \
             dt == sdt and storage.dtype == sdt and storage.shape == phys_shape and \
             storage.flags.c_contiguous and storage.flags.writeable:
         arr = storage            # adopted: the instruction computed straight into the tile
+        adopted = True
     elif fill is None:
         arr = np.full(phys_shape, dtypes.poison(dt), dtype=sdt) if poison else \
             np.empty(phys_shape, dtype=sdt)
@@ -263,6 +297,7 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
         arr = np.full(phys_shape, fill, dtype=sdt) if dt != dtypes.TF32 else \
             dtypes.cast(np.full(phys_shape, fill, np.float32), dt)
     a = _new_alloc(run, buf.kind, name, dt, shape, arr, file, line)
+    a.buf = buf
     a.key = _site_key(run, buf.kind, file, line, result=not api.startswith("nl."))
     a.row_bytes = pbytes
     a.pbytes = pbytes
@@ -271,12 +306,30 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
     if paxis:
         perm = tuple(range(1, paxis + 1)) + (0,) + tuple(range(paxis + 1, len(shape)))
         arr = arr.transpose(perm)
-    if run.checks:
-        if fill is not None:
+    shadow = None
+    if adopted:
+        # the instruction's values are the storage: its write (the next call, ``write(t,
+        # storage)``) only has to stamp the shadow, done here with the summaries a whole-tile
+        # write leaves (nkisim.checks.check_write), so that write returns at once
+        a.adopted = True
+    if run.checks and not paxis:
+        # A lazy shadow (nkisim.checks.LAZY): every element has the epoch ``uniform`` until a
+        # write covers part of the tile; most tiles are written whole (an instruction's result,
+        # a PSUM accumulator), so their int32-per-element shadow is never filled (issue 12).
+        a.store = arr
+        shadow = checks.LAZY
+        if adopted or fill is not None:
+            a.gen, a.full, a.uniform = 1, True, run.epoch     # written whole
+        else:
+            a.uniform = 0                                     # never written
+    elif run.checks:
+        if adopted or fill is not None:
             a.shadow = np.full(shape, run.epoch, np.int32)
+            a.gen, a.full, a.uniform = 1, True, run.epoch     # written whole (nkisim.checks)
         else:
             a.shadow = np.zeros(shape, np.int32) if poison else np.empty(shape, np.int32)
-    t = Tensor(arr, a.shadow, a, dt, shape, paxis, None)
+        shadow = a.shadow
+    t = Tensor(arr, shadow, a, dt, shape, paxis, None)
     # an instruction's result tile is provisional: `dst[...] = op(...)` retargets it (memory.py)
     run.memory.allocate(a, t, provisional=not api.startswith("nl."))
     return t
@@ -344,12 +397,14 @@ def _allocate_direct(run, buf: DirectAlloc, name, dt, shape, paxis, file, line):
     a.id = next(_ids)
     a.file, a.line = file, line
     a.direct = True
+    a.buf = buf
     a.key = (kind, "direct")
     a.row_bytes = total
     a.p_base = 0
     logical = tuple(blocks) + (P,) + tuple(free)
     a.shadow = np.zeros(logical, np.int32) if run.checks else None
     if not blocks:
+        a.base_off = offs[0]
         return Tensor(slots[0], a.shadow, a, dt, logical, 0, None, offs[0])
     t = Tensor(None, a.shadow, a, dt, logical, paxis, None)
     t._slots = (slots, tuple(blocks), nft, offs)
@@ -395,14 +450,14 @@ def register_ops(module) -> None:
 class Tensor:
     """An NKI tensor or a view of one (``nki.tensor`` in the real API)."""
 
-    __slots__ = ("_arr", "_w", "root", "dtype", "shape", "paxis", "_idx", "_slots", "_producer",
-                 "_inplace", "_off", "_oob", "_mask", "_reduce", "__weakref__")
+    __slots__ = ("_arr", "_ws", "root", "dtype", "shape", "paxis", "_idx", "_slots", "_producer",
+                 "_inplace", "_off", "_oob", "_mask", "_reduce", "_region", "__weakref__")
     __array_priority__ = 1000
 
     def __init__(self, arr, shadow, root, dtype, shape, paxis, idx, off=0):
         self._off = off             # byte offset of the view's first element in the storage
         self._arr = arr
-        self._w = shadow
+        self._ws = shadow           # the write-epoch shadow (``_w``), None, or checks.LAZY
         self.root = root
         self.dtype = dtype
         self.shape = tuple(shape)
@@ -414,6 +469,22 @@ class Tensor:
         self._oob = None            # (out-of-bound elements, error fields): see normalize_key
         self._mask = None           # the mask the last masked write of this view used
         self._reduce = None         # ALU op of a pending `dst[...] = nl.loop_reduce(...)`
+        self._region = None         # region(self), once computed (a view's place is fixed)
+
+    @property
+    def _w(self):
+        """The write epochs of the view's elements (nkisim.checks), None without checks: a
+        writable array (a lazy shadow is materialized; the checks' reads use
+        ``checks.shadow_view``, which does not)."""
+        w = self._ws
+        if w is checks.LAZY:
+            checks.materialize(self.root)
+            w = checks.lazy_view(self)
+        return w
+
+    @_w.setter
+    def _w(self, value):
+        self._ws = value
 
     # --- nki.tensor API (ref §1.2) ---
     @property
@@ -426,7 +497,10 @@ class Tensor:
 
     @property
     def buffer(self):
-        return self.root.buffer
+        """The memory it lives in: ``nl.sbuf``, ``nl.psum``, ``nl.shared_hbm``... (a Buffer,
+        which also equals its kind as a string: ``t.buffer == "hbm"``)."""
+        root = self.root
+        return root.buf if root.buf is not None else _BY_KIND[root.buffer]
 
     @property
     def name(self):
@@ -459,7 +533,8 @@ class Tensor:
                                     f"dimension ({self.shape[0]})")
         try:
             arr = self._arr.reshape(shape)
-            w = None if self._w is None else self._w.reshape(shape)
+            w = self._ws if self._ws is None or self._ws is checks.LAZY else \
+                self._ws.reshape(shape)
         except (ValueError, AttributeError):
             raise nki_error("nkisim_unsupported", what=f"reshape of the strided view of "
                             f"`{self.name}`", why="reshape the whole tensor, then slice") from None
@@ -470,13 +545,189 @@ class Tensor:
                       None if self.root.buffer == "hbm" else 0, None, self._off)
 
     def view(self, dtype):
+        """The same bytes as another dtype (``tensor.view``, 2.28). A dtype of another size
+        changes the last dimension, as NumPy's ``view`` does (the last dimension must be
+        contiguous)."""
         dt = dtypes.normalize(dtype)
         self._plain("view")
-        arr = self._arr.view(dtypes.storage(dt))
-        if arr.shape != self._arr.shape:
-            raise nki_error("nkisim_unsupported", what="view() to a dtype of another size",
-                            why="reinterpreting must keep the element count")
-        return Tensor(arr, self._w, self.root, dt, self.shape, self.paxis, None, self._off)
+        try:
+            arr = self._arr.view(dtypes.storage(dt))
+        except ValueError:
+            raise nki_error("nkisim_invalid_argument", api="view",
+                            why=f"cannot view `{self.name}` {shape_str(self.shape)} "
+                                f"{dtypes.name(self.dtype)} as {dtypes.name(dt)}: the last "
+                                "dimension must be contiguous and its byte size divisible by "
+                                "the new itemsize") from None
+        if arr.shape == self._arr.shape:
+            return Tensor(arr, self._ws, self.root, dt, self.shape, self.paxis, None, self._off)
+        t = Tensor(arr, None, self.root, dt, arr.shape, self.paxis, None, self._off)
+        _coarse_shadow(self)
+        return t
+
+    # --- access patterns (nki 0.2+: NkiTensor.ap; spec nki-current.md §2.0 item 3) ---
+    def ap(self, pattern, offset=0, scalar_offset=None, vector_offset=None, indirect_dim=0,
+           dtype=None):
+        """A view given by an access pattern ``[[stride, count], ...]`` (elements of ``dtype``,
+        outermost first) starting ``offset`` elements into the tensor's *storage*: ``.ap()``
+        ignores the view it is called on (LG warning). On SBUF/PSUM the first pair is the
+        partition dimension and its stride must equal the storage's free-element count
+        (LG §ap). Strides may be 0 (a broadcast: NL ``core/max/cascaded_max.py``
+        ``value.ap([[1, P], [0, 8]])``). ``scalar_offset`` (a register or a [1, 1] tile)
+        adds ``value * stride`` of the tensor's dimension ``indirect_dim``; ``vector_offset``
+        (a [n, 1] tile of indices) addresses the first pattern dimension indirectly: its i-th
+        row starts at ``vector_offset[i] * stride(indirect_dim)`` (nki-library TensorView
+        ``vector_select``)."""
+        return _ops.access_pattern(self, pattern, offset, scalar_offset, vector_offset,
+                                   indirect_dim, dtype)
+
+    # --- 0.5.0 view primitives (RN 2.31: NkiTensor slice/select/permute/broadcast/...) ---
+    def permute(self, dims):
+        dims = tuple(int(d) for d in dims)
+        if sorted(dims) != list(range(self.ndim)):
+            raise nki_error("nkisim_invalid_argument", api="permute",
+                            why=f"{list(dims)} is not a permutation of {self.ndim} dimensions")
+        if self.paxis == 0 and dims[0] != 0:
+            raise nki_error("nkisim_invalid_argument", api="permute",
+                            why="the partition dimension of an SBUF/PSUM tensor stays first")
+        return self._derive("permute", lambda a: a.transpose(dims))
+
+    def broadcast(self, dim, size):
+        dim = self._dim(dim, "broadcast")
+        if self.shape[dim] != 1:
+            raise nki_error("nkisim_invalid_argument", api="broadcast",
+                            why=f"dimension {dim} has size {self.shape[dim]}, not 1")
+        shape = self.shape[:dim] + (int(size),) + self.shape[dim + 1:]
+        return self._derive("broadcast", lambda a: np.broadcast_to(a, shape))
+
+    def expand_dim(self, dim):
+        return self._derive("expand_dim", lambda a: np.expand_dims(a, int(dim)))
+
+    def squeeze_dim(self, dim):
+        dim = self._dim(dim, "squeeze_dim")
+        if self.shape[dim] != 1:
+            raise nki_error("nkisim_invalid_argument", api="squeeze_dim",
+                            why=f"dimension {dim} has size {self.shape[dim]}, not 1")
+        return self._derive("squeeze_dim", lambda a: a.squeeze(axis=dim))
+
+    def slice(self, dim, start, end, step=1):
+        dim = self._dim(dim, "slice")
+        key = (slice(None),) * dim + (slice(int(start), int(end), int(step)),)
+        return self._derive("slice", lambda a: a[key])
+
+    def select(self, dim, index):
+        dim = self._dim(dim, "select")
+        i = int(index)
+        if not 0 <= i < self.shape[dim]:
+            raise nki_error("err_tensor_access_out_of_bound", name=self.name, dim=dim, lo=i,
+                            hi=i, size=self.shape[dim])
+        if self.paxis == 0 and dim == 0:
+            raise nki_error("nkisim_invalid_argument", api="select",
+                            why="cannot select on the partition dimension of an SBUF/PSUM "
+                                "tensor (slice it to size 1)")
+        key = (slice(None),) * dim + (i,)
+        return self._derive("select", lambda a: a[key])
+
+    def reshape_dim(self, dim, shape):
+        dim = self._dim(dim, "reshape_dim")
+        shape = tuple(int(s) for s in shape)
+        n = self.shape[dim]
+        if -1 in shape:
+            known = math.prod(s for s in shape if s != -1)
+            shape = tuple(n // known if s == -1 else s for s in shape)
+        if math.prod(shape) != n:
+            raise nki_error("nkisim_invalid_argument", api="reshape_dim",
+                            why=f"cannot split dimension {dim} of size {n} into {list(shape)}")
+        if self.paxis == 0 and dim == 0 and len(shape) != 1:
+            raise nki_error("nkisim_invalid_argument", api="reshape_dim",
+                            why="cannot split the partition dimension of an SBUF/PSUM tensor")
+        new = self.shape[:dim] + shape + self.shape[dim + 1:]
+        return self._derive("reshape_dim", lambda a: _view_reshape(a, new))
+
+    def flatten_dims(self, start_dim, end_dim):
+        a, b = self._dim(start_dim, "flatten_dims"), self._dim(end_dim, "flatten_dims")
+        if self.paxis == 0 and a == 0 and b > 0:
+            raise nki_error("nkisim_invalid_argument", api="flatten_dims",
+                            why="cannot merge the partition dimension of an SBUF/PSUM tensor")
+        new = self.shape[:a] + (math.prod(self.shape[a:b + 1]),) + self.shape[b + 1:]
+        return self._derive("flatten_dims", lambda x: _view_reshape(x, new))
+
+    def rearrange(self, src_pattern, dst_pattern, fixed_sizes=None):
+        """einops-style ``t.rearrange(('b', ('h', 'w'), 'c'), ('b', 'c', 'h', 'w'), {'h': 32})``:
+        split the grouped source dimensions (sizes from ``fixed_sizes``, one per group may be
+        inferred), permute by name, then merge the grouped destination dimensions. A view."""
+        sizes = dict(fixed_sizes or {})
+        src = [tuple(g) if isinstance(g, (tuple, list)) else (g,) for g in src_pattern]
+        if len(src) != self.ndim:
+            raise nki_error("nkisim_invalid_argument", api="rearrange",
+                            why=f"source pattern has {len(src)} dimensions, the tensor "
+                                f"{self.ndim}")
+        names, split = [], []
+        for g, n in zip(src, self.shape):
+            unknown = [x for x in g if x not in sizes]
+            known = math.prod(sizes[x] for x in g if x in sizes)
+            if len(unknown) > 1 or (not unknown and known != n) or n % known:
+                raise nki_error("nkisim_invalid_argument", api="rearrange",
+                                why=f"cannot split a dimension of size {n} into {list(g)} "
+                                    f"with sizes {sizes}")
+            for x in unknown:
+                sizes[x] = n // known
+            names.extend(g)
+            split.extend(sizes[x] for x in g)
+        dst = [tuple(g) if isinstance(g, (tuple, list)) else (g,) for g in dst_pattern]
+        order = [x for g in dst for x in g]
+        if sorted(order) != sorted(names) or len(set(order)) != len(order):
+            raise nki_error("nkisim_invalid_argument", api="rearrange",
+                            why=f"destination {list(dst_pattern)} must name the source's "
+                                f"dimensions {names} once each")
+        perm = tuple(names.index(x) for x in order)
+        merged = tuple(math.prod(sizes[x] for x in g) for g in dst)
+        if self.paxis == 0 and (perm[0] != 0 or len(src[0]) != 1 or len(dst[0]) != 1):
+            raise nki_error("nkisim_invalid_argument", api="rearrange",
+                            why="the partition dimension of an SBUF/PSUM tensor stays first "
+                                "and whole")
+        return self._derive("rearrange", lambda a: _view_reshape(
+            _view_reshape(a, tuple(split)).transpose(perm), merged))
+
+    def vector_select(self, dim, vector_offset):
+        """Dimension ``dim`` (0) indexed by a tile of per-row indices: row i of the view is
+        row ``vector_offset[i]`` of this view's dimension 0 (an indirect view of an HBM
+        tensor; a gather on read, a scatter on write)."""
+        return _ops.vector_select(self, self._dim(dim, "vector_select"), vector_offset)
+
+    def is_contiguous(self):
+        if self._idx is not None or self._arr is None:
+            return False
+        return bool(self._arr.flags.c_contiguous)
+
+    def is_indirect(self):
+        return self._idx is not None
+
+    @property
+    def strides(self):
+        """Strides in elements (nki's NkiTensor.strides)."""
+        self._plain("strides")
+        return tuple(st // self._arr.itemsize for st in self._arr.strides)
+
+    @property
+    def offset(self):
+        """Offset of the view's first element in its storage, in elements."""
+        return self._off // self.itemsize
+
+    def _dim(self, d, api):
+        d = int(d)
+        d = d + self.ndim if d < 0 else d
+        if not 0 <= d < self.ndim:
+            raise nki_error("nkisim_invalid_argument", api=api,
+                            why=f"dimension {d} out of range for {self.ndim} dimensions")
+        return d
+
+    def _derive(self, api, fn):
+        """A view made by the same NumPy view operation on the values and their shadow."""
+        self._plain(api)
+        arr = fn(self._arr)
+        w = None if self._w is None else fn(self._w)
+        off = self._off + (_addr(arr) - _addr(self._arr) if arr.size and self._arr.size else 0)
+        return Tensor(arr, w, self.root, self.dtype, arr.shape, self.paxis, None, off)
 
     def astype(self, dtype):
         nl = _ops
@@ -497,7 +748,8 @@ class Tensor:
         src = self.shape if len(self.shape) >= 2 else (self.shape[0], 1)
         try:
             arr = np.broadcast_to(self._arr.reshape(src), shape)
-            w = None if self._w is None else np.broadcast_to(self._w.reshape(src), shape)
+            w = self._ws if self._ws is None or self._ws is checks.LAZY else \
+                np.broadcast_to(self._ws.reshape(src), shape)
         except ValueError:
             raise nki_error("nkisim_shape_mismatch", params=f"src{shape_str(self.shape)}",
                             api="broadcast_to",
@@ -511,7 +763,8 @@ class Tensor:
     def expand_dims(self, axis):
         self._plain("expand_dims")
         arr = np.expand_dims(self._arr, axis)
-        w = None if self._w is None else np.expand_dims(self._w, axis)
+        w = self._ws if self._ws is None or self._ws is checks.LAZY else \
+            np.expand_dims(self._ws, axis)
         return Tensor(arr, w, self.root, self.dtype, arr.shape, self.paxis, None, self._off)
 
     def assert_shape(self, shape):
@@ -532,12 +785,15 @@ class Tensor:
         if self._idx is not None:
             raise nki_error("nkisim_unsupported", what="nested indexing of an indexed view",
                             why="index the tensor once (CS149: 'Do not use nested slicing')")
-        from .indirect import has_tensor_index
-        if has_tensor_index(key):          # an SBUF tile of indices: indirect DMA
-            from .indirect import indirect_getitem
-            return indirect_getitem(self, key)
+        if any(isinstance(k, Tensor) for k in (key if isinstance(key, tuple) else (key,))):
+            return _ops.indirect_getitem(self, key)   # SBUF tiles of indices: indirect DMA
         oob = []
         kind, k = normalize_key(key, self.shape, self.name, oob)
+        if kind == "basic" and self.root.buffer != "hbm" and self.paxis == 0 and k and \
+                not isinstance(k[0], slice) and _keep_partition():
+            # nki 0.3+: "An integer on dim 0 keeps it at size 1" (spec nki-current.md §2.0
+            # item 3, STUB-R32 NkiTensor.__getitem__); Beta 1 drops it
+            k = (slice(k[0], k[0] + 1, 1),) + k[1:]
         if kind == "basic" and self.root.buffer != "hbm" and self.paxis == 0 and k and \
                 isinstance(k[0], slice) and len(self.shape) >= 2 and \
                 sum(isinstance(x, slice) for x in k) + len(self.shape) - len(k) < 2:
@@ -552,7 +808,8 @@ class Tensor:
         if kind == "basic":
             src = self._arr
             arr = src[k + (Ellipsis,)]     # all-int keys: a 0-d view, not a NumPy scalar
-            w = None if self._w is None else self._w[k + (Ellipsis,)]
+            w = self._ws if self._ws is None or self._ws is checks.LAZY else \
+                self._ws[k + (Ellipsis,)]
             off = self._off
             for x, st in zip(k, src.strides):
                 off += (x.start if isinstance(x, slice) else x) * st
@@ -568,7 +825,7 @@ class Tensor:
         shape = ishape
         if len(k) < len(self.shape):
             shape = shape + self.shape[len(k):]
-        t = Tensor(self._arr, self._w, self.root, self.dtype, shape,
+        t = Tensor(self._arr, self._ws, self.root, self.dtype, shape,
                    None if self.paxis is None else 0, k, self._off)
         if oob:
             bad = np.zeros(ishape, bool)
@@ -683,6 +940,35 @@ class Tensor:
         return math.prod(self.shape)
 
 
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def _view_reshape(a: np.ndarray, shape) -> np.ndarray:
+    """``a.reshape(shape)`` that never copies (NKI views share storage)."""
+    try:
+        v = a.view()
+        v.shape = shape            # raises instead of copying
+        return v
+    except (AttributeError, ValueError):
+        raise nki_error("nkisim_unsupported", what="a reshape of this strided view",
+                        why="it would need a copy; reshape a contiguous view") from None
+
+
+def _coarse_shadow(t: Tensor) -> None:
+    """A view of another element size cannot carry a per-element shadow: its elements are
+    counted written (the bytes it covers), so reads through either dtype never report an
+    uninitialised read it caused (a false error would be worse than a missed one)."""
+    if t._w is not None:
+        run = context.maybe_current()
+        t._w[...] = np.maximum(t._w, run.epoch if run is not None else 1)
+
+
+def _keep_partition() -> bool:
+    run = context.maybe_current()
+    return run is not None and run.rules.onchip_keep_partition
+
+
 # ---------------------------------------------------------------------------------------------
 # reads, writes, regions
 
@@ -704,7 +990,7 @@ def read(t: Tensor, api: str, run=None) -> np.ndarray:
     """
     if t._oob is not None:
         _check_oob(t, _active_mask(t.shape))
-    if t._w is not None:
+    if t._ws is not None:
         run = run or context.current()
         try:
             checks.check_read(run, t, api)
@@ -762,7 +1048,7 @@ def elementwise_taint(run, src: Tensor) -> None:
     copy): exactly the result elements whose ``src`` element holds a never-written value are
     never-written (AWS's reference/allocated_fused_linear.py copies a PSUM tile whose last
     columns are garbage to SBUF, then stores only the valid columns with a mask)."""
-    if run.taint is None or src._w is None:
+    if run.taint is None or src._ws is None:
         return
     bad = checks.shadow_view(src) == 0
     run.taint = (ElementTaint(np.ascontiguousarray(bad)), run.taint[1])
@@ -794,11 +1080,12 @@ def _apply_taint(run, t: Tensor, api: str, mask) -> None:
     [128, 512] tile of which a masked nc_match_replace8 computed [0:64, 0:256] and compares
     just that region: the acceptance principle, shared/DESIGN.md)."""
     rows, origin = run.taint
-    if t.root.buffer == "hbm" and (t.root.param or t._w is None):
+    if t.root.buffer == "hbm" and (t.root.param or t._ws is None):
         run.taint = None
         raise origin
-    if t._w is None:
+    if t._ws is None:
         return
+    checks.materialize(t.root)
     shape = t.shape
     bad = np.ones(shape, bool)
     if isinstance(rows, ElementTaint):
@@ -832,10 +1119,10 @@ def _apply_taint(run, t: Tensor, api: str, mask) -> None:
 def inherit_taint(dst: Tensor, src: Tensor) -> None:
     """``dst`` was written with ``src``'s values without a read (a retargeted instruction, the
     matmul accumulation): its never-written elements stay never-written."""
-    if src._w is None or dst._w is None:
-        return
+    if src._ws is None or dst._ws is None or getattr(src.root, "taint", None) is None:
+        return            # (only a tensor that holds never-written values has a taint)
     w = checks.shadow_view(src)
-    if w.size and int(w.min()) == 0 and getattr(src.root, "taint", None) is not None:
+    if w.size and int(w.min()) == 0:
         run = context.current()
         try:        # exactly the elements of src that hold never-written values
             rows = ElementTaint(np.ascontiguousarray(fit(w == 0, dst.shape, src.shape)))
@@ -853,8 +1140,9 @@ def _check_oob(t: Tensor, mask) -> None:
     bad, fields = t._oob
     if mask is None or (bad & np.broadcast_to(mask, bad.shape)).any():
         if "indirect" in fields:            # a runtime index from an SBUF tile (nkisim.indirect)
-            from .indirect import oob_error
-            raise oob_error(fields)
+            e = IndexError(fields["indirect"])
+            e.nki_code = "nkisim_indirect_out_of_bound"
+            raise e
         raise nki_error("err_tensor_access_out_of_bound", **fields)
 
 
@@ -946,6 +1234,16 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
     instead of writing ``vals`` (``psum += nc_matmul``: one pass, no temporary)."""
     run = run or context.current()
     root = t.root
+    if root.adopted:
+        root.adopted = False
+        if vals is t._arr and mask is None and add is None:
+            # a result tile whose storage is these values (allocate(storage=)): in place,
+            # shadow and summaries stamped when it was allocated
+            if t._mask is not None:
+                t._mask = None
+            if run.taint is not None:
+                _apply_taint(run, t, api, None)
+            return
     if root.param and not root.mutable and "inputs" in run.checks:
         raise nki_error("err_cannot_update_immutable_parameter", name=root.name)
     if t._slots is not None:
@@ -956,8 +1254,12 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
         t._mask = np.broadcast_to(mask, t.shape)
     elif t._mask is not None:
         t._mask = None
+    lazy = t._ws is checks.LAZY and root.shadow is None
+    if lazy and (mask is not None or not checks._covers(t)):
+        checks.materialize(root)          # a partial write: element-wise epochs from now on
+        lazy = False
     keep = False      # True: an accumulation keeps its group's first epoch (nkisim.checks)
-    if t._w is not None:
+    if t._ws is not None:
         keep = checks.check_write(run, t if mask is None else _masked_shadow_view(t, t._mask,
                                                                                  run),
                                   api, accumulate,
@@ -966,23 +1268,23 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
     if dt == dtypes.TF32 or (dt.kind in "iub" and np.asarray(vals).dtype.kind == "f"):
         vals = dtypes.cast(vals, dt)
     idx = t._idx
-    with np.errstate(over="ignore", invalid="ignore"):
-        if add is not None:
-            np.add(t._arr, add, out=t._arr)
-        elif mask is None:
-            if idx is None:
-                _copy(t._arr, vals)
-            else:
-                t._arr[idx] = vals
+    # (overflow to inf / NaN is silent: the run's np.errstate, nkisim.runtime.simulate)
+    if add is not None:
+        np.add(t._arr, add, out=t._arr)
+    elif mask is None:
+        if idx is None:
+            _copy(t._arr, vals)
         else:
-            m = np.broadcast_to(mask, t.shape)
-            v = np.broadcast_to(vals, t.shape)
-            if idx is None:
-                np.copyto(t._arr, v, where=m, casting="unsafe")
-            else:
-                sel = tuple(np.broadcast_to(i, t.shape)[m] for i in _full_idx(idx, t))
-                t._arr[sel] = v[m]
-    if t._w is not None and not keep:
+            t._arr[idx] = vals
+    else:
+        m = np.broadcast_to(mask, t.shape)
+        v = np.broadcast_to(vals, t.shape)
+        if idx is None:
+            np.copyto(t._arr, v, where=m, casting="unsafe")
+        else:
+            sel = tuple(np.broadcast_to(i, t.shape)[m] for i in _full_idx(idx, t))
+            t._arr[sel] = v[m]
+    if t._ws is not None and not keep and not lazy:     # (lazy: check_write set `uniform`)
         if mask is None:
             if idx is None:
                 t._w[...] = run.epoch
@@ -997,6 +1299,8 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
                 t._w[sel] = run.epoch
     if run.taint is not None:
         _apply_taint(run, t, api, mask)
+    if root.buffer == "psum" and api != "nc_matmul" and psum_init.tracked(root):
+        psum_init.clear(t, mask)     # a non-matmul write ends the accumulation group
 
 
 def _full_idx(idx, t):
@@ -1005,10 +1309,18 @@ def _full_idx(idx, t):
 
 
 def region(t: Tensor) -> Region:
-    """The physical region a view touches (bounding box: partitions x bytes in a partition)."""
+    """The physical region a view touches (bounding box: partitions x bytes in a partition).
+    Computed once per view: a tile used by every iteration of a loop costs one lookup."""
+    r = t._region
+    if r is None:
+        r = t._region = _region(t)
+    if r.buffer != "hbm":
+        TOUCHED.append(t.root)        # its lifetime (nkisim.memory)
+    return r
+
+
+def _region(t: Tensor) -> Region:
     root = t.root
-    if root.buffer != "hbm":
-        TOUCHED.append(root)          # its lifetime (nkisim.memory)
     arr = t._arr
     if arr is None:
         return Region(root.buffer, root.key, root.name, 0, 128, 0, root.pbytes or 1)
@@ -1137,7 +1449,7 @@ def _loop_reduce_into(run, dst: Tensor, value: Tensor) -> None:
     reduction across the loop (exempt from the race checks, like ``acc += x``)."""
     nl = _ops
     name, value._reduce = value._reduce, None
-    if dst._w is not None:
+    if dst._ws is not None:
         checks.check_read(run, dst, "loop_reduce", accumulate=True)
     a = dtypes.to_f32(read(value, "loop_reduce", run))
     b = dtypes.to_f32(values(dst))
@@ -1165,10 +1477,12 @@ def inplace(t: Tensor, other, opname: str) -> Tensor:
                      "is rounded")
         cur = values(t)
         fresh = None
-        if t._w is not None:     # the associative accumulation is exempt from race checks
-            w = checks.shadow_view(t)
-            fresh = w == 0
-            if fresh.any():
+        if t._ws is not None:    # the associative accumulation is exempt from race checks
+            root = t.root
+            # every element written (the tensor's summaries, nkisim.checks): no scan
+            written = root.full is True or (root.uniform is not None and root.uniform > 0)
+            fresh = None if written else checks.shadow_view(t) == 0
+            if fresh is not None and fresh.any():
                 # The first matmul of an accumulation group overwrites the PSUM bank, later
                 # ones accumulate (arch guide, "Near-memory accumulation in PSUM"; nki 0.3
                 # nc_matmul accumulate=None: "the first write to a PSUM location overwrites

@@ -27,8 +27,10 @@ def check_report_path(path: str | None) -> None:
 
 
 def reproduce_command(kernel: str, params: dict, dtype: str, seed: int, dist: str,
-                      kernel_ref: str | None = None, target: str | None = None) -> str:
-    """The one-line ``nki-verify case`` command that reruns a case."""
+                      kernel_ref: str | None = None, target: str | None = None,
+                      dialect: str | None = None) -> str:
+    """The one-line ``nki-verify case`` command that reruns a case (``dialect``: our kernel's
+    twin in that dialect; beta1 is the command's default and is not spelled out)."""
     p = ",".join(f"{k}={v}" for k, v in params.items())
     parts = ["nki-verify", "case", kernel, "--params", p, "--dtype", str(dtype), "--seed",
              str(seed), "--dist", dist]
@@ -36,4 +38,6 @@ def reproduce_command(kernel: str, params: dict, dtype: str, seed: int, dist: st
         parts += ["--kernel", kernel_ref]
     if target:
         parts += ["--target", target]
+    if dialect and dialect != "beta1":
+        parts += ["--dialect", dialect]
     return " ".join(shlex.quote(x) for x in parts)

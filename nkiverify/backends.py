@@ -9,21 +9,37 @@ One interface::
     out = backend.run(kernel, X, W, bias, pool_size=2)
     p99_us = backend.benchmark(kernel, (X, W, bias), {"pool_size": 2}, warmup=5, iters=20)
 
-* :class:`NkisimBackend` runs on nkisim (``nkisim.runtime.simulate``); ``benchmark`` returns the
-  cost model's latency estimate for the run (``nkisim.runtime.estimate``).
-* :class:`NeuronxccBackend` runs on the real neuronx-cc's CPU simulator,
-  ``nki.simulate_kernel(kernel, *args)`` as the course harness's ``--simulate`` does
-  (nki-reference §1.1). It has no timing model, so no ``benchmark``.
-* :class:`DeviceBackend` runs on a NeuronCore: ``nki.baremetal(kernel)(*args)`` for outputs and
-  ``nki.benchmark(warmup=5, iters=20)(kernel)(*args)`` then
-  ``.benchmark_result.nc_latency.get_latency_percentile(99)`` (µs) for timing, exactly as the
-  course harness measures (cs149-assignment §2).
+Kernels come in two dialects (``nkiverify.registry.DIALECTS``): ``beta1`` (``import
+neuronxcc.nki``, Neuron SDK up to 2.27) and ``nki`` (``import nki``, NKI 0.3+, SDK 2.29+).
+``backend.dialect_skip_reason(dialect)`` says why a backend cannot run a dialect here (None: it
+can).
 
-``load`` imports a kernel module so that ``neuronxcc.nki`` inside it is the one the backend
-needs: nkisim's for ``NkisimBackend``, the real package for the other two. When a real
-neuronx-cc is installed (a trn2 instance) and nkisim is wanted too, the kernel module is loaded a
+* :class:`NkisimBackend` runs both on nkisim (``nkisim.runtime.simulate``); ``benchmark``
+  returns the cost model's latency estimate for the run (``nkisim.runtime.estimate``).
+* :class:`NeuronxccBackend` runs on the real SDK's CPU simulator: Beta 1 kernels through
+  ``neuronxcc.nki.simulate_kernel(kernel, *args)`` as the course harness's ``--simulate`` does
+  (nki-reference §1.1), ``nki`` kernels through ``nki.simulate(kernel)(*args)`` (nki 0.3+,
+  nki-current §3). No timing model, so no ``benchmark``.
+* :class:`DeviceBackend` runs on a NeuronCore, in the dialect the installed SDK runs
+  (:func:`device_dialect`): Beta 1 (neuronx-cc up to 2.27) through
+  ``neuronxcc.nki.baremetal(kernel)(*args)`` for outputs and
+  ``neuronxcc.nki.benchmark(warmup=5, iters=20)(kernel)(*args)`` then
+  ``.benchmark_result.nc_latency.get_latency_percentile(99)`` (µs) for timing, exactly as the
+  course harness measures (cs149-assignment §2); ``nki`` (nki 0.3+) by calling the ``@nki.jit``
+  kernel with NumPy arrays, which "compiles and executes standalone kernel, without a
+  framework" on a Neuron host, the documented replacement of ``baremetal`` (nki-current §2.1).
+  ``nki.benchmark``/``nki.profile`` are gone with no public replacement (§2.1, §6.16); timing
+  uses the documented profiling path instead (``nki/guides/use-neuron-profile.rst``): run the
+  kernel with ``NEURON_FRAMEWORK_DEBUG=1`` so the NEFF is kept, then ``neuron-explorer capture``
+  (``neuron-profile`` on older tools) and the profile summary's ``total_time`` (device time from
+  the TPB start/stop notifications, nki-reference §3.6). That is one profiled execution, not the
+  p99 of 20 as ``nki.benchmark`` gave.
+
+``load`` imports a kernel module so that ``neuronxcc.nki`` / ``nki`` inside it is the one the
+backend needs: nkisim's for ``NkisimBackend``, the real package for the other two. When a real
+SDK is installed (a trn2 instance) and nkisim is wanted too, the kernel module is loaded a
 second time, privately, with the nkisim shim serving its imports; the real package stays the one
-``import neuronxcc`` gives everywhere else.
+``import neuronxcc`` / ``import nki`` gives everywhere else.
 
 nkisim is imported only inside these functions (DESIGN: nkiverify imports nkisim only inside the
 nkisim backend).
@@ -32,10 +48,16 @@ nkisim backend).
 from __future__ import annotations
 
 import contextlib
+import glob
 import importlib
+import importlib.metadata
 import importlib.util
 import os
+import re
+import shutil
+import subprocess
 import sys
+import tempfile
 import types
 
 DEVICE_PATH = "/dev/neuron0"
@@ -56,6 +78,95 @@ def device_present(path: str = DEVICE_PATH) -> bool:
     return os.path.exists(path)
 
 
+def _version_tuple(text: str | None) -> tuple:
+    """(2, 27, 5334) from "2.27.5334.0+abc"; () when there is no version."""
+    if not text:
+        return ()
+    parts = []
+    for piece in re.split(r"[.+]", text):
+        if not piece.isdigit():
+            break
+        parts.append(int(piece))
+    return tuple(parts)
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def real_nki_available() -> bool:
+    """True when ``import nki`` can give AWS's real package (not nkisim's shim, not the PyPI
+    ``nki`` 0.0.1 placeholder, whose ``nki/__init__.py`` only raises "WRONG PACKAGE",
+    nki-current §3): some finder other than the shim's knows an ``nki`` package with an ``isa``
+    subpackage."""
+    from nkisim import shim
+    own = tuple(f for f in (getattr(shim, "_finder", None),) if f is not None)
+    for finder in sys.meta_path:
+        if finder in own or not hasattr(finder, "find_spec") or \
+                type(finder).__module__.startswith("nkisim"):
+            continue
+        try:
+            spec = finder.find_spec("nki", None)
+        except Exception:
+            spec = None
+        if spec is not None:
+            locs = spec.submodule_search_locations or []
+            return any(os.path.isdir(os.path.join(p, "isa")) or
+                       os.path.isfile(os.path.join(p, "isa.py")) for p in locs)
+    return False
+
+
+def sdk_versions() -> dict:
+    """The installed AWS SDK packages: {"neuronx-cc": "2.27.5334.0" | None, "nki": "0.6.0" |
+    None} (a real package only: placeholders and nkisim's shim count as None)."""
+    return {"neuronx-cc": _dist_version("neuronx-cc") if neuronxcc_available() else None,
+            "nki": _dist_version("nki") if real_nki_available() else None}
+
+
+# The dialect each SDK runs on a device (the brief of issue #11, from nki-current §1, §2.1):
+# neuronx-cc up to 2.27 runs Beta 1 kernels (baremetal/benchmark work); nki 0.3 and newer runs
+# `import nki` kernels called with NumPy arrays. In between (SDK 2.28, nki 0.2.0) neither: the
+# Beta 1 decorators are "not available" there and nki 0.2 has no standalone NumPy execution of
+# the current kind (and nl.load/nl.add were removed until 0.3.0).
+BETA1_LAST = (2, 27)
+NKI_FIRST = (0, 3)
+
+
+def device_dialect_reason(dialect: str, versions: dict | None = None) -> str | None:
+    """None when the installed SDK runs ``dialect`` on a device, else the precise reason."""
+    v = sdk_versions() if versions is None else versions
+    cc, nki = v.get("neuronx-cc"), v.get("nki")
+    if dialect == "beta1":
+        if cc is None:
+            return "Beta 1 kernels need the real neuronx-cc (up to 2.27); " + \
+                ("it is not installed" if nki is None else
+                 f"only nki {nki} is installed (it runs the nki dialect)")
+        if _version_tuple(cc)[:2] > BETA1_LAST:
+            return (f"neuronx-cc {cc} no longer runs Beta 1 kernels on a device (neuronxcc.nki."
+                    "baremetal/benchmark are not available from 2.28 on, nki-current §2.1); "
+                    "use --nki-dialect nki" + ("" if nki else " with nki 0.3 or newer"))
+        return None
+    if dialect == "nki":
+        if nki is None:
+            return "nki-dialect kernels need AWS's nki package 0.3 or newer (Neuron pip " + \
+                "repository; the PyPI `nki` is a placeholder); " + \
+                ("it is not installed" if cc is None else
+                 f"only neuronx-cc {cc} is installed (it runs Beta 1 kernels)")
+        if _version_tuple(nki)[:2] < NKI_FIRST:
+            return (f"nki {nki} predates 0.3.0: no nki.simulate and no NumPy standalone run of "
+                    "the current kind; install nki 0.3 or newer")
+        return None
+    return f"unknown NKI dialect {dialect!r}"
+
+
+def device_dialects(versions: dict | None = None) -> list:
+    """The dialects the installed SDK runs on a device (what ``-m device`` tests pick)."""
+    return [d for d in ("beta1", "nki") if device_dialect_reason(d, versions) is None]
+
+
 def _served_flavor() -> str:
     """Who answers ``import neuronxcc.nki`` in this process now: "nkisim" or "neuronxcc"."""
     mod = sys.modules.get("neuronxcc")
@@ -68,7 +179,9 @@ def _served_flavor() -> str:
 
 
 def _neuronxcc_modules() -> dict:
-    return {n: m for n, m in sys.modules.items() if n == "neuronxcc" or n.startswith("neuronxcc.")}
+    """The modules of both dialects' namespaces (``neuronxcc*`` and ``nki*``)."""
+    return {n: m for n, m in sys.modules.items()
+            if n in ("neuronxcc", "nki") or n.startswith(("neuronxcc.", "nki."))}
 
 
 _FLAVOR_MODULES: dict = {}     # flavor -> its neuronxcc.* modules, kept between swaps
@@ -116,7 +229,7 @@ def _module_flavor(module) -> str | None:
         name = getattr(value, "__name__", "") if isinstance(value, types.ModuleType) else ""
         if name.startswith("nkisim."):
             return "nkisim"
-        if name.startswith("neuronxcc"):
+        if name.startswith("neuronxcc") or name == "nki" or name.startswith("nki."):
             return "neuronxcc"
     return None
 
@@ -222,6 +335,10 @@ class Backend:
         if reason is not None:
             raise RuntimeError(f"backend {self.name} is not available: {reason}")
 
+    def dialect_skip_reason(self, dialect: str) -> str | None:
+        """None when this backend can run kernels of ``dialect`` here, else why not."""
+        return None
+
     def load(self, import_path: str):
         self.require()
         return load_kernel(import_path, self.flavor)
@@ -270,19 +387,36 @@ class NkisimBackend(Backend):
 
 
 class NeuronxccBackend(Backend):
-    """The real neuronx-cc's CPU simulator, ``nki.simulate_kernel`` (Linux x86-64 only)."""
+    """The real SDK's CPU simulator: ``neuronxcc.nki.simulate_kernel`` for Beta 1 kernels,
+    ``nki.simulate`` for nki-dialect ones (Linux x86-64 only)."""
 
     name = "neuronxcc"
     flavor = "neuronxcc"
 
     def skip_reason(self) -> str | None:
-        return None if neuronxcc_available() else _NEURONXCC_MISSING
+        return None if neuronxcc_available() or real_nki_available() else _NEURONXCC_MISSING
+
+    def dialect_skip_reason(self, dialect: str) -> str | None:
+        if dialect == "beta1":
+            return None if neuronxcc_available() else _NEURONXCC_MISSING
+        v = _dist_version("nki") if real_nki_available() else None
+        if v is None:
+            return ("AWS's nki package (0.3+) is not importable, so its simulator nki.simulate "
+                    "cannot run nki-dialect kernels (the PyPI `nki` is a placeholder)")
+        if _version_tuple(v)[:2] < NKI_FIRST:
+            return f"nki {v} has no nki.simulate (new in 0.3.0, nki-current §3)"
+        return None
 
     def _nki(self):
         with _serving("neuronxcc"):
             return importlib.import_module("neuronxcc.nki")
 
     def run(self, kernel, *args, **kwargs):
+        from .registry import kernel_dialect
+        if kernel_dialect(kernel) == "nki":
+            with _serving("neuronxcc"):
+                nki = importlib.import_module("nki")
+            return nki.simulate(kernel)(*args, **kwargs)
         return self._nki().simulate_kernel(kernel, *args, **kwargs)
 
     def benchmark(self, kernel, args=(), kwargs=None, warmup: int = 5, iters: int = 20) -> float:
@@ -302,23 +436,102 @@ class DeviceBackend(Backend):
 
     def skip_reason(self) -> str | None:
         missing = []
-        if not neuronxcc_available():
+        if not neuronxcc_available() and not real_nki_available():
             missing.append(_NEURONXCC_MISSING)
         if not device_present(self.device_path):
             missing.append(f"no Neuron device ({self.device_path} does not exist)")
         return "; ".join(missing) or None
+
+    def dialect_skip_reason(self, dialect: str) -> str | None:
+        return device_dialect_reason(dialect)
 
     def _nki(self):
         with _serving("neuronxcc"):
             return importlib.import_module("neuronxcc.nki")
 
     def run(self, kernel, *args, **kwargs):
+        from .registry import kernel_dialect
+        if kernel_dialect(kernel) == "nki":
+            return run_nki_on_device(kernel, args, kwargs)
         return self._nki().baremetal(kernel)(*args, **kwargs)
 
     def benchmark(self, kernel, args=(), kwargs=None, warmup: int = 5, iters: int = 20) -> float:
+        from .registry import kernel_dialect
+        if kernel_dialect(kernel) == "nki":
+            return profile_nki_on_device(kernel, args, kwargs or {})
         bench = self._nki().benchmark(warmup=warmup, iters=iters)(kernel)
         bench(*args, **(kwargs or {}))
         return float(bench.benchmark_result.nc_latency.get_latency_percentile(99))
+
+
+@contextlib.contextmanager
+def _env(**values):
+    """Set (str) or unset (None) environment variables for the block."""
+    saved = {k: os.environ.get(k) for k in values}
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def run_nki_on_device(kernel, args, kwargs):
+    """An ``@nki.jit`` kernel called with NumPy arrays on a Neuron host compiles and runs it
+    standalone (nki-current §2.1, the replacement of ``baremetal``). ``NKI_SIMULATOR`` is
+    unset for the call, or the real package would route it to its CPU simulator (§3)."""
+    with _env(NKI_SIMULATOR=None):
+        return kernel(*args, **(kwargs or {}))
+
+
+PROFILERS = ("neuron-explorer", "neuron-profile")
+
+
+def profile_nki_on_device(kernel, args, kwargs) -> float:
+    """Device time (µs) of one execution of an ``nki`` kernel, by the documented profiling
+    path (``nki/guides/use-neuron-profile.rst``, nki-current §2.1): run it with
+    ``NEURON_FRAMEWORK_DEBUG=1`` in a scratch directory so the NEFF is kept, ``capture`` a
+    trace of that NEFF, and read ``total_time`` (seconds) from the profile summary."""
+    tool = next((t for t in PROFILERS if shutil.which(t)), None)
+    if tool is None:
+        raise RuntimeError("timing an nki-dialect kernel on a device needs neuron-explorer "
+                           "(or neuron-profile) on PATH: nki.benchmark is gone (nki-current "
+                           "§2.1), and the documented way is NEURON_FRAMEWORK_DEBUG=1 + capture")
+    work = tempfile.mkdtemp(prefix="nkiverify-profile-")
+    cwd = os.getcwd()
+    try:
+        os.chdir(work)
+        with _env(NKI_SIMULATOR=None, NEURON_FRAMEWORK_DEBUG="1"):
+            kernel(*args, **kwargs)
+        neffs = sorted(glob.glob(os.path.join(work, "**", "*.neff"), recursive=True),
+                       key=os.path.getmtime)
+        if not neffs:
+            raise RuntimeError(f"NEURON_FRAMEWORK_DEBUG=1 left no .neff under {work}")
+        neff, ntff = neffs[-1], os.path.join(work, "profile.ntff")
+        subprocess.run([tool, "capture", "-n", neff, "-s", ntff], check=True,
+                       capture_output=True, text=True)
+        view = subprocess.run([tool, "view", "-n", neff, "-s", ntff, "--output-format",
+                               "summary-text"], check=True, capture_output=True, text=True)
+        return parse_total_time_us(view.stdout)
+    finally:
+        os.chdir(cwd)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def parse_total_time_us(summary: str) -> float:
+    """µs from a profile summary's ``total_time`` line (seconds, nki-reference §3.6)."""
+    m = re.search(r"total_time\W+([0-9.]+(?:[eE][-+]?\d+)?)", summary)
+    if m is None:
+        raise RuntimeError("the profile summary has no total_time: "
+                           + (summary.strip().splitlines() or ["(empty)"])[0][:200])
+    return float(m.group(1)) * 1e6
 
 
 BACKENDS = {"nkisim": NkisimBackend, "neuronxcc": NeuronxccBackend, "device": DeviceBackend}

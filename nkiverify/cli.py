@@ -213,13 +213,16 @@ def _worker_init(refs, backend_name, target):
 
 def _run_one(job):
     """Run one (kernel, params, dtype, seed, dist) case; a plain dict (picklable)."""
-    kernel, params, dtype, seed, dist = job
+    kernel, params, dtype, seed, dist = job[:5]
+    dialect = job[5] if len(job) > 5 else None
     backend = _WORKER["backend"]
     t0 = time.perf_counter()
     result = {"passed": False, "stats": {}, "error": None, "message": None, "kernel_s": None,
               "reduction_length": None}
     try:
         spec = registry.spec_for(kernel)
+        if dialect is not None:
+            spec = spec.for_dialect(dialect)
         result["reduction_length"] = int(spec.reduction_length(params))
         outcome = registry.run_case(spec, params, dtype, backend, seed=seed, dist=dist)
         comparison = outcome.comparison
@@ -270,8 +273,11 @@ def _run_jobs(jobs, labels, refs, backend, jobs_n, progress):
                                   initargs=(list(refs or ()), backend.name, backend.target))
     try:
         futures = {}
-        for i, job in enumerate(jobs):
-            futures[pool.submit(_run_one, job)] = i
+        # the largest cases first (longest-processing-time order): the 224x224 conv2d cases
+        # start at once on every worker and the small ones fill in at the end, instead of a
+        # large case starting last and running alone (results keep the cases' order)
+        for i in sorted(range(len(jobs)), key=lambda i: -_work(jobs[i])):
+            futures[pool.submit(_run_one, jobs[i])] = i
         for fut in cf.as_completed(futures):
             i = futures[fut]
             try:
@@ -288,6 +294,20 @@ def _run_jobs(jobs, labels, refs, backend, jobs_n, progress):
     finally:
         pool.shutdown(wait=not interrupted, cancel_futures=True)
     return results, interrupted
+
+
+def _work(job) -> float:
+    """A rough size of a case for ordering the parallel runs (the products simulated)."""
+    params = job[1]
+    try:
+        if "c_in" in params:         # conv2d: the multiply-adds
+            return (float(params["batch"]) * params["c_in"] * params["c_out"] *
+                    params["height"] * params["width"] * params["k"] ** 2)
+        if "m" in params:            # transpose: ~1000x the per-element cost of a GEMM
+            return 1000.0 * params["m"] * params["n"]
+        return 1000.0 * float(params.get("n", 0))
+    except (KeyError, TypeError):
+        return 0.0
 
 
 def _verdict(result) -> str:
@@ -339,13 +359,14 @@ def run_selected(selected, args, refs, *, title="nki-verify"):
     from .report import CaseRecord, Report
 
     backend = _backend_or_usage(args.backend, args.target)
+    selected = _with_dialects(selected, getattr(args, "dialect", None), backend)
     jobs_n = args.jobs or _jobs_default()
     print(f"{title}: {len(selected)} case runs on {backend.name} ({backend.target or 'device'})"
           + (f", {jobs_n} at a time" if jobs_n > 1 and len(selected) > 1 else ""),
           file=sys.stderr)
-    jobs = [(case.kernel, case.params, dt, registry.case_seed(case.id, dt), case.dist)
-            for case, dt in selected]
-    labels = [f"{case.id} {dt}" for case, dt in selected]
+    jobs = [(case.kernel, case.params, dt, registry.case_seed(case.id, dt), case.dist, d)
+            for case, dt, d in selected]
+    labels = [f"{case.id}{_dialect_tag(d)} {dt}" for case, dt, d in selected]
     progress = _Progress(len(selected), parallel=jobs_n > 1)
     t_start = time.perf_counter()
     results, interrupted = _run_jobs(jobs, labels, refs, backend, jobs_n, progress)
@@ -355,7 +376,7 @@ def run_selected(selected, args, refs, *, title="nki-verify"):
     report = Report(meta={"target": str(backend.target), "backend": backend.name,
                           "interrupted": interrupted, "command": " ".join(sys.argv)})
     rows, failures = [], []
-    for (case, dt), result in zip(selected, results):
+    for (case, dt, d), result in zip(selected, results):
         if result is None:
             continue
         spec = registry.KERNELS.get(case.kernel)
@@ -364,10 +385,12 @@ def run_selected(selected, args, refs, *, title="nki-verify"):
                               error=result["error"], params=dict(case.params),
                               seed=registry.case_seed(case.id, dt), dist=case.dist,
                               kernel_source=spec.source if spec else None,
-                              reduction_length=result["reduction_length"]))
-        rows.append(_row_cells(case.id, dt, case.source, result))
+                              reduction_length=result["reduction_length"],
+                              dialect=d or (spec.dialect if spec else None)))
+        rows.append(_row_cells(case.id + _dialect_tag(d), dt, case.source, result))
         if not result["passed"]:
-            failures.append((f"{case.id} {dt}", result["message"] or result["error"] or "?"))
+            failures.append((f"{case.id}{_dialect_tag(d)} {dt}",
+                             result["message"] or result["error"] or "?"))
     print(_table(CASE_COLUMNS, rows, right_from=4))
     print()
     print(report.sorted(registry.sort_records).format_table())
@@ -386,6 +409,46 @@ def run_selected(selected, args, refs, *, title="nki-verify"):
     for label, message in failures:
         print(f"\n=== {label} ===\n{message}", file=sys.stderr)
     return report, failures, interrupted
+
+
+# ---- dialects -------------------------------------------------------------------------------
+
+DIALECT_CHOICES = ("beta1", "nki", "both")
+
+
+def _dialect_tag(dialect) -> str:
+    """How a case's row names the dialect: nothing for Beta 1, " [nki]" for the nki twin."""
+    return "[nki]" if dialect == "nki" else ""
+
+
+def _with_dialects(selected, chosen, backend):
+    """[(case, dtype)] -> [(case, dtype, dialect)]: each case of a shipped kernel once per
+    dialect of ``--dialect`` (default both) that the backend can run here; a user's kernel
+    (``--kernel``) in its own dialect only. A dialect asked for by name that the backend cannot
+    run is a usage error; with ``both`` it is left out with a note."""
+    wanted = ("beta1", "nki") if chosen in (None, "both") else (chosen,)
+    shipped = any((registry.KERNELS.get(c.kernel) is None or
+                   registry.KERNELS[c.kernel].source == "shipped") for c, _ in selected)
+    runnable = []
+    for d in wanted if shipped else ():
+        reason = backend.dialect_skip_reason(d)
+        if reason is None:
+            runnable.append(d)
+        elif chosen not in (None, "both"):
+            raise UsageError(f"--dialect {d}: the {backend.name} backend cannot run "
+                             f"{d}-dialect kernels here: {reason}")
+        else:
+            print(f"nki-verify: {d}-dialect cases left out: {reason}", file=sys.stderr)
+    out = []
+    for case, dt in selected:
+        spec = registry.KERNELS.get(case.kernel)
+        if spec is not None and spec.source != "shipped":
+            out.append((case, dt, None))             # the user's kernel, in its own dialect
+            continue
+        out.extend((case, dt, d) for d in runnable)
+    if not out:
+        raise UsageError(f"--dialect {chosen or 'both'}: nothing to run on {backend.name}")
+    return out
 
 
 # ---- run ----------------------------------------------------------------------------------
@@ -442,8 +505,10 @@ def cmd_case(args) -> int:
     params = parse_params(args.params)
     backend = _backend_or_usage(args.backend, args.target)
     _WORKER["backend"] = backend
-    result = _run_one((args.name, params, args.dtype, args.seed, args.dist))
-    cells = _row_cells(args.name, args.dtype, "case", result)
+    spec = registry.KERNELS[args.name]
+    dialect = args.dialect if spec.source == "shipped" else None
+    result = _run_one((args.name, params, args.dtype, args.seed, args.dist, dialect))
+    cells = _row_cells(args.name + _dialect_tag(dialect), args.dtype, "case", result)
     print(_table(CASE_COLUMNS, [cells], right_from=4))
     if not result["passed"]:
         print(result["message"] or result["error"], file=sys.stderr)
@@ -689,6 +754,8 @@ def cmd_bench(args) -> int:
     params = bench_params(args)
     dtype = args.dtype
     spec = registry.get(args.kernel)
+    if spec.source == "shipped" and args.dialect != "beta1":
+        spec = spec.for_dialect(args.dialect)
     backend = _backend_or_usage(args.backend, args.target)
     inputs = spec.inputs(params, dtype, seed=0, dist="uniform")
     kernel = backend.load(spec.import_path)
@@ -696,8 +763,10 @@ def cmd_bench(args) -> int:
     t0 = time.perf_counter()
     if args.backend == "device":
         us = backend.benchmark(kernel, inputs.args, inputs.kwargs, warmup=5, iters=20)
-        print(f"{what} on the device: p99 NC latency {us:.1f} us (nki.benchmark warmup=5 "
-              "iters=20)")
+        how = ("one profiled execution: NEURON_FRAMEWORK_DEBUG=1 + neuron-explorer capture, "
+               "total_time" if spec.dialect == "nki" else "nki.benchmark warmup=5 iters=20")
+        word = "device time" if spec.dialect == "nki" else "p99 NC latency"
+        print(f"{what} on the device: {word} {us:.1f} us ({how})")
         sched = None
     else:
         try:
@@ -792,8 +861,15 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--report", metavar="PATH",
                         help="write the results as JSON (docs/report-schema.md)")
 
+    def dialect_option(sp, choices=DIALECT_CHOICES, default="both"):
+        sp.add_argument("--dialect", choices=choices, default=default,
+                        help="which of our kernels: the Beta 1 ones (import neuronxcc.nki), "
+                             "their twins in the current nki dialect (import nki, NKI 0.3+), "
+                             f"or both (default {default}); --kernel kernels run in their own")
+
     r = sub.add_parser("run", help="run every case and print the table (default)")
     running(r)
+    dialect_option(r)
     kernel_option(r)
     selection(r)
     r.set_defaults(fn=cmd_run)
@@ -814,6 +890,7 @@ def _parser() -> argparse.ArgumentParser:
     cs.add_argument("--dist", choices=registry.DISTS, default="uniform")
     cs.add_argument("--backend", choices=RUN_BACKENDS, default="nkisim")
     cs.add_argument("--target", default=_default_target())
+    dialect_option(cs, choices=("beta1", "nki"), default="beta1")
     kernel_option(cs)
     cs.set_defaults(fn=cmd_case)
 
@@ -841,6 +918,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--no-bias", action="store_true", help="conv2d bias of zeros")
     b.add_argument("--target", default=_default_target())
     b.add_argument("--backend", choices=("nkisim", "device"), default="nkisim")
+    dialect_option(b, choices=("beta1", "nki"), default="beta1")
     b.add_argument("--trace", metavar="FILE",
                    help="write the engine timeline as Perfetto/Chrome trace JSON")
     b.set_defaults(fn=cmd_bench)

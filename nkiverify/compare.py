@@ -184,8 +184,10 @@ class Distribution:
 
 # Error statistics stream over the output in chunks of CHUNK elements, so their memory does not
 # grow with the output (a B=4 256->256 224x224 conv2d has 50M outputs: whole-array float64
-# temporaries took 4 GiB).
-CHUNK = 1 << 20
+# temporaries took 4 GiB). 64Ki elements: the dozen float64 temporaries of a chunk (512 KiB
+# each) stay in the CPU's caches; measured on the 2-core machine, a 12.6M-element conv2d output
+# compares in 0.6 s CPU against 1.1 s with 1Mi-element chunks (issue 12).
+CHUNK = 1 << 16
 EXACT_PERCENTILES = 1 << 20     # up to this many finite elements the percentiles are exact
 HIST_BITS = 8                   # histogram bins per octave: 2**HIST_BITS (relative error 0.4%)
 _HIST_SHIFT = np.uint64(52 - HIST_BITS)
@@ -544,7 +546,9 @@ def compare(actual, expected, dtype, *, reduction_length=1, scale=None, baseline
     products summed per output (``reference.conv2d.conv2d_reduction_length``); ``scale`` the
     magnitude of the summed terms (array or scalar, default max|expected|); ``baseline`` the
     low-precision baseline output (``reference.*_baseline``), enabling the ``k`` x baseline
-    check; ``tolerance`` overrides ``tolerance_for(dtype, reduction_length)``.
+    check, or a function computing it, called only when the check could fail (the kernel's
+    max error exceeds ``k`` ulps at max|golden|); ``tolerance`` overrides
+    ``tolerance_for(dtype, reduction_length)``.
     """
     dtype = np.dtype(dtype)
     tolerance = tolerance or tolerance_for(dtype, reduction_length)
@@ -585,6 +589,16 @@ def compare(actual, expected, dtype, *, reduction_length=1, scale=None, baseline
             f"({mean_ulp:+.3g} ulp on average) exceeds +-{st.mean_error_limit:.3g}; "
             f"a missing bias (or one added after rounding to {dtype}, which drops it when it is "
             "below half an ulp), an offset, or a truncating cast?")
+    floor = float(ulp(absmax, dtype)) if absmax is not None and absmax == absmax else 0.0
+    if callable(baseline) and not st.abs.max > k * floor:
+        # The limit is k x max(baseline error, floor) >= k x floor, which the kernel's max
+        # error already meets: the baseline cannot change the verdict, so it is not computed
+        # (a B=1 224x224 conv2d baseline is a second conv in float32; issue 12: "only the
+        # statistics a verdict/report uses"). Typical of 16-bit outputs (within an ulp).
+        result.baseline_limit = k * floor
+        baseline = None
+    elif callable(baseline):
+        baseline = baseline()
     if baseline is not None:
         baseline = np.asarray(baseline)
         if baseline.shape != expected.shape:
@@ -593,7 +607,6 @@ def compare(actual, expected, dtype, *, reduction_length=1, scale=None, baseline
         # in the report): no distribution
         bst = result.baseline_stats = error_stats(baseline, expected, dtype, tolerance, scale,
                                                   full=False)
-        floor = float(ulp(absmax, dtype)) if absmax == absmax else 0.0
         result.baseline_limit = k * max(bst.abs.max if math.isfinite(bst.abs.max) else 0.0,
                                         floor)
         if st.abs.max > result.baseline_limit:

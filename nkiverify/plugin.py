@@ -26,6 +26,18 @@ Options
     ``--nki-contract {course,hardware}``  what property tests draw (default: course for the
                                           kernels given with --nki-kernel, else hardware)
     ``--nki-report PATH``                 write every comparison of the session as JSON
+    ``--nki-dialect {beta1,nki,both}``    the NKI dialect(s) of our kernels that tests asking
+                                          for ``nki_dialect`` run (default both): Beta 1
+                                          (``import neuronxcc.nki``) and/or the current ``nki``
+
+Dialects. A test that requests the ``nki_dialect`` fixture (the kernel cases and property tests
+in tests/kernels/) is generated once per dialect of ``--nki-dialect`` (``[...-beta1-...]``,
+``[...-nki-...]``); ``nki_verify`` then runs the family's kernel written in that dialect (the
+shipped kernels have both). A user's kernel (``--nki-kernel``) is in one dialect, read from its
+imports: its other-dialect tests skip saying so. Device twins run the dialect the installed SDK
+runs (neuronx-cc up to 2.27: beta1; nki 0.3 or newer: nki) and skip with the reason otherwise.
+A test that does not request ``nki_dialect`` runs the single dialect ``--nki-dialect`` names,
+else each kernel in its own dialect (ours: beta1).
 
 Twins. A test that uses the ``nki_backend`` fixture (directly or through ``nki_verify``) is
 generated twice, ``[...-simulate]`` (marked ``simulate``) and ``[...-device]`` (marked
@@ -81,7 +93,8 @@ else:
     _INITIAL_PROFILE = getattr(settings, "_current_profile", None)
 
 _OPTIONS = ("nki_kernel", "nki_backend", "nki_target", "nki_dtypes", "nki_report", "nki_strict",
-            "nki_contract")
+            "nki_contract", "nki_dialect")
+DIALECT_CHOICES = ("beta1", "nki", "both")
 _MARKERS = {
     "simulate": "simulate: kernel test that runs without a device (nkisim or neuronx-cc "
                 "simulation)",
@@ -111,6 +124,9 @@ def pytest_addoption(parser):
     group.addoption("--nki-report", default=None, metavar="PATH",
                     help="write the session's comparisons (per case and per kernel x dtype) "
                          "as JSON")
+    group.addoption("--nki-dialect", choices=DIALECT_CHOICES, default=None,
+                    help="NKI dialect(s) of the kernels the kernel tests run: beta1 "
+                         "(neuronxcc.nki), nki (import nki, NKI 0.3+) or both (default)")
     group.addoption("--nki-strict", action="store_true", default=False,
                     help="strict mode (sets NKISIM_STRICT=1): documented NKI rules the device "
                          "tolerates are errors, not warnings")
@@ -194,8 +210,7 @@ def pytest_configure(config):
                 raise pytest.UsageError(f"--nki-kernel: {exc}") from None
 
     from nkisim import shim
-    if not shim.real_neuronxcc_available():
-        shim.install()
+    shim.install()          # serves neuronxcc.nki and nki where the real packages are absent
 
     # Our profile only where the project has not chosen one (its conftest's load_profile, or
     # --hypothesis-profile, wins).
@@ -249,8 +264,23 @@ def _parametrizes(metafunc, name) -> bool:
     return False
 
 
+def _dialects(config) -> tuple:
+    """The dialects ``--nki-dialect`` asks for: ("beta1", "nki") for both (the default)."""
+    chosen = config.getoption("nki_dialect", None) or "both"
+    return ("beta1", "nki") if chosen == "both" else (chosen,)
+
+
+def _single_dialect(config) -> str | None:
+    """The one dialect ``--nki-dialect`` names, or None (both: each kernel in its own)."""
+    d = _dialects(config)
+    return d[0] if len(d) == 1 else None
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_generate_tests(metafunc):
+    if "nki_dialect" in metafunc.fixturenames and not _parametrizes(metafunc, "nki_dialect"):
+        metafunc.parametrize("nki_dialect", [
+            pytest.param(d, id=d) for d in _dialects(metafunc.config)])
     if "nki_backend" not in metafunc.fixturenames or _parametrizes(metafunc, "nki_mode"):
         return
     marker = metafunc.definition.get_closest_marker("nki_modes")
@@ -349,7 +379,7 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 NKI_FIXTURES = ("nki_verify", "nki_backend", "nki_check", "nki_report", "nki_target",
-                "nki_mode", "nki_device", "nki_contract")
+                "nki_mode", "nki_device", "nki_contract", "nki_dialect")
 
 
 def _let_given_tests_use_nki_fixtures(items) -> None:
@@ -401,6 +431,15 @@ def pytest_runtest_makereport(item, call):
 def nki_target(pytestconfig) -> str:
     """The simulated target: ``--nki-target``, else $NKISIM_TARGET, else trn2."""
     return _target(pytestconfig)
+
+
+@pytest.fixture
+def nki_dialect(pytestconfig) -> str | None:
+    """The NKI dialect of the kernels this test runs: "beta1" or "nki". A test that requests
+    it is generated once per dialect of ``--nki-dialect`` (default both); this default value
+    (the single ``--nki-dialect``, else None: each kernel in its own dialect) is what the
+    other tests see."""
+    return _single_dialect(pytestconfig)
 
 
 @pytest.fixture
@@ -534,7 +573,7 @@ def _kernel_ref_for_command(spec) -> str | None:
 
 
 @pytest.fixture
-def nki_verify(nki_backend, nki_report):
+def nki_verify(nki_backend, nki_report, request):
     """``nki_verify(kernel, params, dtype, case_id=, seed=, dist=, family=)``: make the inputs,
     run the kernel on this twin's backend, compare with the golden model, record, fail with the
     message (and a one-line command that reproduces the case). Returns the
@@ -546,22 +585,37 @@ def nki_verify(nki_backend, nki_report):
     """
     from . import registry
 
+    if "nki_dialect" in request.fixturenames:
+        dialect = request.getfixturevalue("nki_dialect")
+    else:
+        dialect = _single_dialect(request.config)
+
     def verify(kernel, params, dtype, case_id=None, seed=None, dist="uniform", k=4.0,
                family=None):
         try:
             spec = registry.spec_for(kernel, family)
         except registry.KernelRefError as exc:
             pytest.fail(f"nki_verify: {exc}", pytrace=False)
+        if dialect is not None:
+            try:
+                spec = spec.for_dialect(dialect)
+            except registry.DialectMismatch as exc:
+                pytest.skip(f"--nki-dialect {dialect}: {exc}")
+        reason = nki_backend.dialect_skip_reason(spec.dialect)
+        if reason is not None:
+            pytest.skip(f"{nki_backend.name} backend cannot run {spec.dialect}-dialect kernels "
+                        f"here: {reason}")
         name = spec.name
         dt = registry.dtype_name(dtype)
         case_id = case_id or ",".join(f"{a}={b}" for a, b in params.items())
         if seed is None:
             seed = registry.case_seed(case_id, dtype)
         extra = {"params": dict(params), "seed": int(seed), "dist": dist,
-                 "kernel_source": spec.source}
+                 "kernel_source": spec.source, "dialect": spec.dialect}
         from ._util import reproduce_command
         repro = reproduce_command(name, params, dt, seed, dist, _kernel_ref_for_command(spec),
-                                  nki_backend.target)
+                                  nki_backend.target,
+                                  dialect=spec.dialect if spec.source == "shipped" else None)
         try:
             outcome = registry.run_case(spec, params, dtype, nki_backend, seed=seed,
                                         dist=dist, k=k)
@@ -573,7 +627,8 @@ def nki_verify(nki_backend, nki_report):
             raise
         nki_report.record(name, case_id, dtype, outcome.comparison, outcome.elapsed_s, **extra)
         if not outcome.passed:
-            pytest.fail(f"{name} {case_id} [{dt}] on {nki_backend.name}/{nki_backend.target} "
+            pytest.fail(f"{name} {case_id} [{dt}, {spec.dialect}] on "
+                        f"{nki_backend.name}/{nki_backend.target} "
                         f"({spec.label}): {outcome.comparison.message()}\nreproduce: {repro}",
                         pytrace=False)
         return outcome

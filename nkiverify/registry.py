@@ -5,7 +5,11 @@ A :class:`KernelSpec` ties a kernel name (``naive``, ``tiled``, ``stream``, ``tr
 
 * the kernel's import path (``nkiverify.kernels.conv2d:fused_conv2d_maxpool``, or a file
   ``part2/conv2d.py:fused_conv2d_maxpool``), imported lazily by a
-  backend (``nkiverify.backends``) so the right ``neuronxcc.nki`` serves it;
+  backend (``nkiverify.backends``) so the right ``neuronxcc.nki`` / ``nki`` serves it;
+* for the shipped kernels, the import path of the twin written in the current ``nki`` dialect
+  (``nki_path``: ``nkiverify.kernels.conv2d_nki:fused_conv2d_maxpool``); :func:`for_dialect`
+  picks the one a test or ``nki-verify --dialect`` asks for. ``DIALECTS``: ``beta1`` (Beta 1,
+  ``import neuronxcc.nki``, up to Neuron SDK 2.27) and ``nki`` (``import nki``, NKI 0.3+);
 * the input maker: ``(params, dtype, seed, dist) -> Inputs`` (positional args and keyword args
   of the kernel call, in the kernel's dtype);
 * the float64 golden model, the low-precision baseline and the reduction length
@@ -17,6 +21,7 @@ baseline -> ``nkiverify.compare.compare``.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import zlib
@@ -27,6 +32,7 @@ import ml_dtypes
 import numpy as np
 
 DISTS = ("uniform", "normal", "tiny", "large")
+DIALECTS = ("beta1", "nki")
 TINY = 1e-3
 LARGE = 1e3
 
@@ -197,6 +203,8 @@ class KernelSpec:
     scale: Callable | None = None  # (inputs, expected) -> magnitude scale, None: max|expected|
     kernel: object = field(default=None, compare=False)
     source: str = "shipped"
+    nki_path: str = ""             # shipped kernels: the twin in the current `nki` dialect
+    dialect: str = "beta1"         # the dialect of the kernel `import_path`/`kernel` gives
 
     def inputs(self, params, dtype, seed=0, dist="uniform") -> Inputs:
         inputs = self.make_inputs(params, dtype_of(dtype), seed, dist)
@@ -206,12 +214,94 @@ class KernelSpec:
             return Inputs(tuple(inputs[0]), dict(inputs[1]))
         return Inputs(tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,), {})
 
+    def for_dialect(self, dialect: str) -> KernelSpec:
+        """This family's kernel written in ``dialect`` ("beta1" or "nki").
+
+        Shipped kernels have both; a user's kernel (``--nki-kernel``, ``register``) is in one
+        dialect, detected from its imports: asking for the other raises
+        :class:`DialectMismatch` (a test skips with its message)."""
+        if dialect not in DIALECTS:
+            raise ValueError(f"unknown NKI dialect {dialect!r}; known: {', '.join(DIALECTS)}")
+        if self.source == "shipped" and self.kernel is None:
+            if dialect == "beta1":
+                return replace(self, dialect="beta1")
+            if self.nki_path:
+                return replace(self, import_path=self.nki_path, dialect="nki")
+            raise DialectMismatch(f"kernel {self.name} has no twin in the {dialect} dialect")
+        own = kernel_dialect(self.kernel if self.kernel is not None else self.import_path)
+        if own is None or own == dialect:
+            return replace(self, dialect=dialect)
+        raise DialectMismatch(f"{self.label} is written in the {own} dialect "
+                              f"({DIALECT_IMPORTS[own]}), not {dialect}")
+
     @property
     def label(self) -> str:
         """What runs: the user's reference, or ours."""
         if self.kernel is not None:
             return getattr(self.kernel, "__name__", repr(self.kernel))
         return self.import_path
+
+
+class DialectMismatch(LookupError):
+    """A kernel asked for in a dialect it is not written in (one line, says which it is)."""
+
+
+DIALECT_IMPORTS = {"beta1": "import neuronxcc.nki", "nki": "import nki"}
+
+
+def _source_dialect(path: str) -> str | None:
+    """"nki" or "beta1" from a Python file's imports (None: neither, or unreadable)."""
+    import ast
+    try:
+        tree = ast.parse(open(path, encoding="utf-8").read())
+    except (OSError, SyntaxError, UnicodeDecodeError):
+        return None
+    found = set()
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module]
+        for n in names:
+            top = n.split(".")[0]
+            if top == "nki":
+                found.add("nki")
+            elif top == "neuronxcc":
+                found.add("beta1")
+    return found.pop() if len(found) == 1 else None
+
+
+def kernel_dialect(kernel) -> str | None:
+    """The dialect a kernel is written in: "nki" (``import nki``), "beta1" (``import
+    neuronxcc.nki``) or None when it cannot be told (then it is run as asked).
+
+    ``kernel``: an import path (``module:function`` or ``path/file.py:function``) or a kernel
+    object (a jit kernel of either face, or a plain function)."""
+    if isinstance(kernel, str):
+        location = kernel.rpartition(":")[0] or kernel
+        if is_path(location):
+            return _source_dialect(location)
+        import importlib.util
+        try:
+            spec = importlib.util.find_spec(location)
+        except (ImportError, ValueError):
+            return None
+        return _source_dialect(spec.origin) if spec is not None and spec.origin else None
+    cls_module = type(kernel).__module__ or ""
+    top = cls_module.split(".")
+    if top[0] == "nki" or top[:2] == ["nkisim", "nki"]:
+        return "nki"
+    # Beta 1 jit kernels of nkisim are nkisim.runtime.Kernel (the nki face subclasses it)
+    if top[0] == "neuronxcc" or top[:2] in (["nkisim", "beta1"], ["nkisim", "runtime"]):
+        return "beta1"
+    func = getattr(kernel, "func", kernel)
+    import inspect
+    try:
+        path = inspect.getsourcefile(func)
+    except TypeError:
+        path = None
+    return _source_dialect(path) if path else None
 
 
 KERNELS: dict[str, KernelSpec] = {}
@@ -232,11 +322,13 @@ for _name, _attr in (("naive", "vector_add_naive"), ("tiled", "vector_add_tiled"
                      ("stream", "vector_add_stream")):
     _shipped(KernelSpec(_name, "vector_add", f"nkiverify.kernels.vector_add:{_attr}",
                         _vector_inputs, _vector_golden, _vector_baseline, lambda p: 1,
-                        _vector_scale))
+                        _vector_scale, nki_path=f"nkiverify.kernels.vector_add_nki:{_attr}"))
 _shipped(KernelSpec("transpose", "transpose", "nkiverify.kernels.transpose:matrix_transpose",
-                    _transpose_inputs, _transpose_golden, _transpose_baseline, lambda p: 0))
+                    _transpose_inputs, _transpose_golden, _transpose_baseline, lambda p: 0,
+                    nki_path="nkiverify.kernels.transpose_nki:matrix_transpose"))
 _shipped(KernelSpec("conv2d", "conv2d", "nkiverify.kernels.conv2d:fused_conv2d_maxpool",
-                    _conv_inputs, _conv_golden, _conv_baseline, _conv_reduction, _conv_scale))
+                    _conv_inputs, _conv_golden, _conv_baseline, _conv_reduction, _conv_scale,
+                    nki_path="nkiverify.kernels.conv2d_nki:fused_conv2d_maxpool"))
 
 
 # ---- a new kernel family: the user's own golden model ---------------------------------------
@@ -287,7 +379,9 @@ def register(name: str, *, kernel, inputs: Callable, golden: Callable | None = N
         path = _normalize_location(path)
     register_spec(KernelSpec(name, name, path, inputs, golden,
                              baseline or _default_baseline(golden), reduction, scale,
-                             kernel=obj, source="user"))
+                             kernel=obj, source="user",
+                             dialect=kernel_dialect(obj if obj is not None else path) or
+                             "beta1"))
     return golden
 
 
@@ -378,7 +472,8 @@ def use_kernel(ref) -> KernelSpec:
     """
     name, location = parse_kernel_ref(ref)
     return register_spec(replace(KERNELS[name], import_path=location, kernel=None,
-                                 source=location))
+                                 source=location, nki_path="",
+                                 dialect=kernel_dialect(location) or "beta1"))
 
 
 def spec_for(kernel, family: str | None = None) -> KernelSpec:
@@ -391,7 +486,8 @@ def spec_for(kernel, family: str | None = None) -> KernelSpec:
             return KERNELS[kernel]
         ref = kernel if (family is None or "=" in kernel) else f"{family}={kernel}"
         name, location = parse_kernel_ref(ref)
-        return replace(KERNELS[name], import_path=location, kernel=None, source=location)
+        return replace(KERNELS[name], import_path=location, kernel=None, source=location,
+                       nki_path="", dialect=kernel_dialect(location) or "beta1")
     if callable(kernel) or hasattr(kernel, "func"):
         fname = getattr(kernel, "__name__", None) or getattr(getattr(kernel, "func", None),
                                                              "__name__", "")
@@ -401,7 +497,8 @@ def spec_for(kernel, family: str | None = None) -> KernelSpec:
                                  f"is; pass family= (one of {', '.join(KERNELS)})")
         if name not in KERNELS:
             raise KernelRefError(f"unknown kernel family {name!r}; known: {', '.join(KERNELS)}")
-        return replace(KERNELS[name], kernel=kernel, source=fname or "kernel object")
+        return replace(KERNELS[name], kernel=kernel, source=fname or "kernel object",
+                       nki_path="", dialect=kernel_dialect(kernel) or "beta1")
     raise KernelRefError(f"not a kernel: {kernel!r} (a name, NAME=PATH:FUNC, or a kernel)")
 
 
@@ -457,7 +554,11 @@ def expected_for(spec: KernelSpec, params, dtype, inputs: Inputs):
 def check_output(spec: KernelSpec, params, dtype, inputs: Inputs, actual, k: float = 4.0):
     """Compare a kernel output with the golden model: a ``Comparison``."""
     from .compare import compare
-    golden, baseline, scale = expected_for(spec, params, dtype, inputs)
+    golden = spec.golden(*inputs.args, **inputs.kwargs)
+    scale = spec.scale(inputs, golden) if spec.scale is not None else None
+    # the baseline is computed only when the verdict needs it (nkiverify.compare)
+    baseline = functools.partial(spec.baseline, *inputs.args, dtype=dtype_of(dtype),
+                                 **inputs.kwargs)
     return compare(actual, golden, dtype_of(dtype),
                    reduction_length=spec.reduction_length(params), scale=scale,
                    baseline=baseline, k=k)

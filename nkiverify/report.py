@@ -49,6 +49,7 @@ class CaseRecord:
     dist: str | None = None
     kernel_source: str | None = None
     reduction_length: int | None = None
+    dialect: str | None = None     # "beta1" or "nki": the NKI dialect the kernel is written in
 
     @property
     def ulp_meaningful(self) -> bool:
@@ -117,7 +118,9 @@ class Report:
         """One ``ReportRow`` per (kernel, dtype), in order of first appearance."""
         groups = {}
         for record in self.records:
-            groups.setdefault((record.kernel, record.dtype), []).append(record)
+            # the current-dialect twin of a kernel is a row of its own: "conv2d[nki]"
+            label = f"{record.kernel}[nki]" if record.dialect == "nki" else record.kernel
+            groups.setdefault((label, record.dtype), []).append(record)
         rows = []
         for (kernel, dtype), records in groups.items():
             passed = sum(r.passed for r in records)

@@ -1,9 +1,352 @@
 """``nki`` (NKI 0.3-0.7, Neuron SDK 2.29-2.33), the current dialect, as the shim serves it: a thin
 face over the machine core, beside the Beta 1 face (nkisim.beta1). Spec: shared/spec/nki-current.md.
 
+- ``nki.jit(fn=None, **kwargs)`` returns a :class:`Kernel`; ``kernel[lnc]`` takes the LNC degree
+  (one number: 1 or 2); ``kernel.with_schedule(...)`` is accepted (scheduling does not change
+  values); ``platform_target=`` is an error and ``mode=`` a deprecation warning (§2.1).
+- ``nki.simulate(kernel)(*arrays)`` runs the kernel on nkisim and returns NumPy arrays; inputs
+  the kernel wrote are updated in place (§3). A ``@nki.jit`` kernel called directly runs the
+  same way: with or without ``NKI_SIMULATOR=1`` nkisim has no device to route it to.
+- ``nki.baremetal``/``benchmark``/``profile`` exist and raise "not available" (RN 2.28);
+  ``nki.simulate_kernel`` does not exist (AttributeError, as on 2.32: NS issue #134).
+
 Where versions differ, the face follows ``NKISIM_NKI_VERSION`` (default: the newest it knows).
 """
 
 from __future__ import annotations
 
-from . import isa, language, typing  # noqa: F401
+import inspect
+import os
+import types
+import warnings
+
+import numpy as np
+
+from .. import context as _context
+from .. import runtime as _runtime
+from ..errors import nki_error as _nki_error
+from ..tensor import Tensor as tensor  # noqa: F401 - annotations: `x: nki.tensor`
+from . import _version, collectives, isa, language, typing  # noqa: F401
+
+__all__ = ["jit", "simulate", "Kernel", "language", "isa", "typing", "collectives", "tensor",
+           "dtype", "baremetal", "benchmark", "profile"]
+
+# `dtype: nki.dtype = nl.bfloat16` (nki-library annotations); the stubs' DType
+dtype = language.dtype
+
+
+def __getattr__(name):
+    if name == "__version__":
+        return _version.version_string()
+    raise AttributeError(f"module 'nki' has no attribute '{name}'")
+
+
+def rules() -> _context.Rules:
+    """The language rules of the release the face follows now (nkisim.context.Rules)."""
+    return _context.Rules(
+        dialect="nki", version=_version.current(),
+        onchip_keep_partition=True, broadcast=False, outputs_shared_hbm=True,
+        unrolled_loops=True, reduce_last_axes=True,
+        # nl.copy: 0.3-0.5 ScalarE activation(copy), result in the source's buffer; 0.6.0 VectorE
+        # tensor_copy, "result always in SBUF" (STUB-R29 vs STUB-R32, RN 2.32; spec §2.3)
+        copy_same_buffer=not _version.at_least(0, 6))
+
+
+# ---------------------------------------------------------------------------------------------
+# kernels
+
+_LNC_DEGREES = (1, 2)
+
+
+class Kernel(_runtime.Kernel):
+    """A ``@nki.jit`` kernel of the current dialect. Call it (or ``nki.simulate(kernel)``) with
+    NumPy arrays to simulate it; ``kernel[2]`` runs it with LNC 2 (two program instances,
+    ``nl.program_id(0)`` 0 and 1)."""
+
+    inputs_writable = True          # §3: input arrays are updated in place
+
+    def __init__(self, func, **options):
+        super().__init__(func, "auto", **options)
+        self.lnc = None
+        self.schedule = ()
+
+    @property
+    def rules(self):
+        return rules()
+
+    @property
+    def input_buffer(self):
+        """SIM §Execution: "Array arguments become NkiTensors with buffer=nl.hbm, or
+        shared_hbm for LNC2"."""
+        return language.shared_hbm if self.lnc == 2 else language.hbm
+
+    @property
+    def platform_target(self):
+        # NEURON_PLATFORM_TARGET_OVERRIDE selects the target (trn1|gen2, trn2|gen3, trn3|gen4;
+        # SIM §Target Platform, STUB-R32 jit); nkisim simulates trn1 and trn2, default trn2
+        # (the course's instance) rather than the real simulator's trn3 (spec §6 item 11).
+        return os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE") or None
+
+    def _copy(self):
+        k = type(self)(self.func, **self.options)
+        k.lnc, k.grid, k.schedule = self.lnc, self.grid, self.schedule
+        return k
+
+    def __getitem__(self, lnc):
+        # "The bracket syntax must contain only one number, the number of cores" (LNC; §2.1)
+        if isinstance(lnc, tuple):
+            raise _nki_error("nkisim_invalid_argument", api=f"{self.__name__}[...]",
+                             why="the bracket syntax must contain only one number, the number "
+                                 f"of cores (the LNC degree, 1 or 2), got {list(lnc)}: NKI "
+                                 "0.2+ has no multi-dimensional SPMD launch grid")
+        if isinstance(lnc, bool) or not isinstance(lnc, (int, np.integer)) or \
+                int(lnc) not in _LNC_DEGREES:
+            raise _nki_error("nkisim_invalid_argument", api=f"{self.__name__}[...]",
+                             why=f"the LNC degree must be 1 or 2, got {lnc!r}")
+        k = self._copy()
+        k.lnc = int(lnc)
+        k.grid = (int(lnc),)
+        return k
+
+    def with_schedule(self, *edges, **kwargs):
+        """``kernel.with_schedule([...])``: scheduling edges between named instructions. They
+        order instructions, which nkisim already runs one by one in program order: accepted,
+        no effect on values (how-to-scheduling-apis.rst)."""
+        k = self._copy()
+        k.schedule = edges
+        return k
+
+    def __call__(self, *args, **kwargs):
+        run = _context.maybe_current()
+        if run is not None:
+            # "Decorators on sub-kernels must be removed" (RN27); MIG: sub-kernels must not
+            # carry @nki.jit. A documented rule: the call is inlined and a warning quotes it.
+            run.rule(("nki_subkernel_jit", self.__name__),
+                     f"`{self.__name__}` is an @nki.jit kernel called from inside a kernel",
+                     "sub-kernels must not carry @nki.jit; remove the decorator",
+                     "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/"
+                     "migration/index.html")
+            run.nesting += 1
+            try:
+                return self.func(*args, **kwargs)
+            finally:
+                run.nesting -= 1
+        return _launch(self, args, kwargs)
+
+    def __repr__(self):
+        lnc = f"[{self.lnc}]" if self.lnc else ""
+        return f"<nki kernel {self.__name__}{lnc}>"
+
+
+def jit(fn=None, **kwargs):
+    """``@nki.jit`` / ``@nki.jit(**kwargs)`` (``jit(fn=None, **kwargs)`` from 0.4.0)."""
+    if "platform_target" in kwargs:
+        # RN 2.29 / MIG 0.2->0.3: passing platform_target to nki.jit is an error
+        raise _nki_error("nkisim_invalid_argument", api="nki.jit",
+                         why="platform_target is no longer supported (an error since NKI "
+                             "0.3.0): set NEURON_PLATFORM_TARGET_OVERRIDE=trn1|trn2 instead")
+    if "mode" in kwargs:
+        mode = kwargs.pop("mode")
+        warnings.warn(f"nki.jit(mode={mode!r}): the mode parameter is deprecated and ignored "
+                      "since NKI 0.3.0 (the framework is detected from the arguments); remove "
+                      "it", DeprecationWarning, stacklevel=2)
+    if fn is None:
+        return lambda f: jit(f, **kwargs)
+    if isinstance(fn, Kernel):
+        k = fn._copy()
+        k.options.update(kwargs)
+        return k
+    if isinstance(fn, _runtime.Kernel):       # a Beta 1 kernel object: wrap its function
+        fn = fn.func
+    if not callable(fn):
+        raise _nki_error("nkisim_invalid_argument", api="nki.jit",
+                         why=f"expects a function, got {type(fn).__name__}")
+    return Kernel(fn, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# running
+
+
+def _as_kernel(kernel) -> Kernel:
+    if isinstance(kernel, Kernel):
+        return kernel
+    if isinstance(kernel, _runtime.Kernel):
+        return jit(kernel.func)
+    if callable(kernel):        # SIM: "a plain function passed in is wrapped in jit"
+        return Kernel(kernel)
+    raise TypeError(f"nki.simulate expects an NKI kernel or a function, got "
+                    f"{type(kernel).__name__}")
+
+
+def simulate(kernel):
+    """``nki.simulate(kernel)(*args, **kwargs)``: run on nkisim, return NumPy (or torch, for
+    torch inputs) results; inputs the kernel wrote are updated in place (SIM §How It Works)."""
+    k = _as_kernel(kernel)
+
+    def run(*args, **kwargs):
+        return _launch(k, args, kwargs)
+    run.__name__ = getattr(k, "__name__", "kernel")
+    run.__wrapped_kernel__ = k
+    return run
+
+
+def _launch(k: Kernel, args, kwargs):
+    _check_no_beta1(k.func)
+    torch_in = [a for a in (*args, *kwargs.values()) if _is_torch(a)]
+    if torch_in:
+        args = tuple(_from_torch(a) for a in args)
+        kwargs = {n: _from_torch(a) for n, a in kwargs.items()}
+    try:
+        out = _runtime.simulate(k, args, kwargs, target=k.platform_target)
+    finally:
+        back, _TORCH_BACK[:] = list(_TORCH_BACK), []
+    if torch_in:
+        _write_back_torch(back)
+        out = _to_torch(out, torch_in[0])
+    return out
+
+
+# --- torch tensors (accepted by NKI_SIMULATOR=1 from 0.4.0, SIM) ---------------------------
+_TORCH_BACK: list = []       # (torch tensor, the NumPy array the kernel saw)
+
+
+def _is_torch(a) -> bool:
+    return type(a).__module__.split(".")[0] == "torch" and hasattr(a, "detach")
+
+
+def _from_torch(a):
+    """A torch tensor's values as NumPy (sharing memory for CPU tensors); bf16 through its bits,
+    as NumPy has no bfloat16 of its own (ml_dtypes')."""
+    if not _is_torch(a):
+        return a
+    import torch
+    t = a.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+        arr = t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    else:
+        arr = t.numpy()
+    _TORCH_BACK.append((a, arr))
+    return arr
+
+
+def _np_to_torch(arr):
+    import torch
+    arr = np.ascontiguousarray(arr)
+    if arr.dtype.name == "bfloat16":
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
+
+
+def _write_back_torch(pairs):
+    import torch
+    for t, arr in pairs:
+        with torch.no_grad():
+            t.copy_(_np_to_torch(arr).to(t.device))
+
+
+def _to_torch(out, like):
+    if isinstance(out, np.ndarray):
+        return _np_to_torch(out).to(like.device)
+    if isinstance(out, (tuple, list)):
+        return type(out)(_to_torch(o, like) for o in out)
+    return out
+
+
+# --- neuronxcc.nki inside an nki kernel (0.4.0: a compile error; RN 2.30, spec §1, §4) -------
+
+def _check_no_beta1(func, seen=None, depth=0) -> None:
+    """The names a kernel's code (and the plain functions of its module it calls, a few levels
+    deep) reads from its module globals must not be ``neuronxcc.nki`` modules or objects: from
+    NKI 0.4.0 "use of neuronxcc.nki.* inside NKI kernels is a compile error" (0.3: a warning).
+    A name is neuronxcc's when the module's source binds it with an ``import neuronxcc...`` /
+    ``from neuronxcc... import`` statement (the shim serves those from nkisim.beta1, so the
+    objects alone cannot tell), or when it is a real neuronxcc module."""
+    seen = set() if seen is None else seen
+    code = getattr(func, "__code__", None)
+    if code is None or id(code) in seen or depth > 3:
+        return
+    seen.add(id(code))
+    glb = getattr(func, "__globals__", {})
+    beta1 = _neuronxcc_names(glb.get("__file__"))
+    for name in set(_code_names(code)):
+        obj = glb.get(name)
+        if obj is None:
+            continue
+        if name in beta1:
+            _beta1_used(func, name, beta1[name])
+        elif isinstance(obj, types.ModuleType) and obj.__name__.startswith("neuronxcc"):
+            _beta1_used(func, name, obj.__name__)
+        elif isinstance(obj, types.FunctionType) and obj.__module__ == func.__module__:
+            _check_no_beta1(obj, seen, depth + 1)
+
+
+_SOURCE_NAMES: dict = {}
+
+
+def _neuronxcc_names(path) -> dict:
+    """{bound name: module} of the ``neuronxcc`` imports in the source file ``path``."""
+    if not path or not str(path).endswith(".py"):
+        return {}
+    try:
+        key = (path, os.path.getmtime(path))
+    except OSError:
+        return {}
+    if key not in _SOURCE_NAMES:
+        import ast
+        names = {}
+        try:
+            with open(path, encoding="utf-8") as f:
+                tree = ast.parse(f.read())
+        except (OSError, SyntaxError, ValueError):
+            tree = None
+        for node in ast.walk(tree) if tree is not None else ():
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.split(".")[0] == "neuronxcc":
+                        names[a.asname or a.name.split(".")[0]] = a.name
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and \
+                    (node.module or "").split(".")[0] == "neuronxcc":
+                for a in node.names:
+                    names[a.asname or a.name] = f"{node.module}.{a.name}"
+        _SOURCE_NAMES[key] = names
+    return _SOURCE_NAMES[key]
+
+
+def _code_names(code):
+    yield from code.co_names
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            yield from _code_names(c)
+
+
+def _beta1_used(func, name, modname) -> None:
+    where = f"{inspect.getsourcefile(func) or '?'}:{func.__code__.co_firstlineno}"
+    if _version.at_least(0, 4):
+        raise _nki_error("nkisim_invalid_argument", api=f"nki kernel {func.__name__} ({where})",
+                         why=f"`{name}` is {modname}: using neuronxcc.nki inside an NKI kernel "
+                             "is a compile error since NKI 0.4.0; use nki.language / nki.isa")
+    warnings.warn(f"nki kernel {func.__name__} ({where}) uses `{name}` ({modname}): "
+                  "neuronxcc.nki inside NKI kernels is deprecated (an error from NKI 0.4.0)",
+                  DeprecationWarning, stacklevel=3)
+
+
+# ---------------------------------------------------------------------------------------------
+# removed runners (RN 2.28: "not available" instead of NotImplementedError)
+
+def _not_available(name, instead):
+    def fn(*args, **kwargs):
+        raise NotImplementedError(
+            f"nki.{name} is not available in this release of NKI ({instead})")
+    fn.__name__ = name
+    fn.__qualname__ = name
+    return fn
+
+
+baremetal = _not_available(
+    "baremetal", "call the @nki.jit kernel with NumPy arrays; on nkisim, or nki.simulate(kernel)")
+benchmark = _not_available(
+    "benchmark", "there is no public replacement")
+profile = _not_available(
+    "profile", "set NEURON_FRAMEWORK_DEBUG=1, run on a device, then `neuron-explorer capture`")

@@ -1,5 +1,921 @@
 """``nki.isa`` (nisa) of NKI 0.3-0.7: destination-passing engine instructions (spec
 nki-current.md §2.4): every op writes ``dst`` (its first parameter) and returns nothing usable;
-no ``dtype=``/``mask=``; the output dtype is ``dst.dtype``."""
+no ``dtype=``/``mask=``; the output dtype is ``dst.dtype``.
+
+A thin face over the machine core (nkisim.engines): each op checks the current dialect's rules
+(memory types, dtypes, shapes; spec §7), computes through the core instruction with
+``dtype=dst.dtype`` and retargets it into ``dst`` (``tensor.assign(..., fresh=True)``), so the
+trace holds exactly one instruction per call, writing ``dst``, as for Beta 1's
+``dst[...] = nisa.op(...)``: the cost model, the checks and the timeline see the same thing.
+
+Signatures are the "Current" column of spec §2.4 (STUB-R32 isa), positional and keyword: an
+unknown keyword such as ``dtype=`` or ``mask=`` is Python's own ``TypeError: ... got an
+unexpected keyword argument`` (RN 2.28: "unknown kwargs now raise unexpected keyword argument").
+Where releases differ, the face follows ``NKISIM_NKI_VERSION`` (nkisim.nki._version).
+"""
 
 from __future__ import annotations
+
+import enum
+import functools
+import math
+
+import numpy as np
+
+from .. import checks, context, dtypes, psum_init
+from .. import engines as _core
+from .. import ops as _ops
+from ..errors import nki_error, shape_str
+from ..tensor import (
+    Tensor,
+    _masked_shadow_view,
+    assign,
+    fit,
+    inherit_taint,
+    region,
+    values,
+    write,
+)
+from ._version import at_least
+
+# ---------------------------------------------------------------------------------------------
+# errors
+
+
+class NkiValidationError(Exception):
+    """Raised when hardware constraints are violated (STUB-R29+ ``nki.isa.NkiValidationError``)."""
+
+
+class _Violation(NkiValidationError, AssertionError):
+    """A hardware-constraint violation. The simulator docs show these as ``AssertionError:
+    tensor_tensor data1 partition dimension 256 exceeds maximum 128`` (SIM §What it checks) and
+    the stubs name the class ``NkiValidationError``: both ``except`` clauses catch it."""
+
+
+def _invalid(msg: str) -> _Violation:
+    exc = _Violation(msg)
+    exc.nki_code = "nki_validation"
+    return exc
+
+
+# The core's errors that are hardware-constraint violations (shapes, partitions, dtypes, memory
+# types, engine limits): raised through this face, they are NkiValidationErrors (and
+# AssertionErrors, as the simulator shows them) while keeping their own class, code and message.
+# The kernel checks (uninitialised reads, races, scopes) and nkisim's own limits are left alone.
+_CONSTRAINT_CODES = frozenset({
+    "err_activation_bias_invalid_type", "err_activation_scale_invalid_type",
+    "err_activation_scale_scalar_or_vector", "err_exceed_max_supported_dimension",
+    "err_num_partition_exceed_arch_limit", "err_num_partition_mismatch",
+    "err_size_of_dimension_exceed_arch_limit", "err_unsupported_memory",
+    "err_store_dst_shape_smaller_than_other_shape", "nkisim_matmul_stationary_limit",
+    "nkisim_matmul_moving_limit", "nkisim_matmul_contraction_mismatch", "nkisim_operand_dtype",
+    "nkisim_both_inputs_psum", "nkisim_shape_mismatch", "nkisim_invalid_argument"})
+_AS_VALIDATION: dict = {}
+
+
+def _as_validation(exc: Exception) -> Exception:
+    cls = type(exc)
+    new_cls = _AS_VALIDATION.get(cls)
+    if new_cls is None:
+        try:
+            new_cls = type("NkiValidationError", (_Violation, cls), {"__module__": __name__})
+        except TypeError:            # incompatible layouts: the plain validation error
+            new_cls = _Violation
+        _AS_VALIDATION[cls] = new_cls
+    new = new_cls(*exc.args)
+    if isinstance(new, SyntaxError):          # NKISyntaxError's message lives in .msg
+        new.msg = getattr(exc, "msg", str(exc))
+    new.nki_code = exc.nki_code
+    return new
+
+
+def _validated(fn):
+    """Run a face op, turning the core's constraint errors into NkiValidationErrors."""
+    @functools.wraps(fn)
+    def op(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (ValueError, TypeError, SyntaxError) as e:
+            if getattr(e, "nki_code", None) not in _CONSTRAINT_CODES:
+                raise
+            raise _as_validation(e).with_traceback(e.__traceback__) from None
+    return op
+
+
+# ---------------------------------------------------------------------------------------------
+# enums (spec §2.4: "Enums: engine{unknown,tensor,vector,scalar,gpsimd,dma,sync}, ..."). Plain
+# Enums, not ints: from NKI 0.3.0 "integer enum values (for example dge_mode=2) are rejected"
+# (MIG 0.2->0.3).
+
+
+class engine(enum.Enum):
+    unknown = "unknown"
+    tensor = "tensor"
+    vector = "vector"
+    scalar = "scalar"
+    gpsimd = "gpsimd"
+    dma = "dma"
+    sync = "sync"
+
+
+class reduce_cmd(enum.Enum):
+    idle = "idle"
+    reset = "reset"
+    reduce = "reduce"
+    reset_reduce = "reset_reduce"
+    load_reduce = "load_reduce"
+
+
+class dge_mode(enum.Enum):
+    unknown = "unknown"
+    swdge = "swdge"
+    hwdge = "hwdge"
+    none = "none"
+
+
+class oob_mode(enum.Enum):
+    error = "error"
+    skip = "skip"
+
+
+class matmul_perf_mode(enum.Enum):
+    none = "none"
+    double_row = "double_row"
+
+
+class nc_version(enum.Enum):
+    gen2 = 2
+    gen3 = 3
+    gen4 = 4
+
+
+class dma_engine(enum.Enum):
+    dma = "dma"
+    gpsimd_dma = "gpsimd_dma"
+
+
+# deprecated module-level aliases (STUB-R32 isa lines 11-24)
+tensor_engine = engine.tensor
+vector_engine = engine.vector
+scalar_engine = engine.scalar
+gpsimd_engine = engine.gpsimd
+unknown_engine = engine.unknown
+
+
+def get_nc_version() -> nc_version:
+    """The NeuronCore version of the simulated target (NEURON_PLATFORM_TARGET_OVERRIDE /
+    NKISIM_TARGET): gen2 (trn1) or gen3 (trn2)."""
+    run = context.maybe_current()
+    if run is not None:
+        return nc_version(run.arch.nc_version)
+    from ..arch import get_arch
+    return nc_version(get_arch().nc_version)
+
+
+class NkiInstruction:
+    """What an ISA call returns (STUB-R32 isa ``class NkiInstruction``): an opaque handle, not a
+    tile. ``depends_on`` adds a scheduling edge on the device; nkisim runs calls in program
+    order, so it only records it."""
+
+    __slots__ = ("instr", "name", "deps")
+
+    def __init__(self, instr, name=None):
+        self.instr = instr
+        self.name = name
+        self.deps = ()
+
+    def depends_on(self, *others):
+        self.deps = self.deps + tuple(others)
+        return self
+
+    def __repr__(self):
+        op = getattr(self.instr, "op", "?")
+        return f"<NkiInstruction {op}{' ' + repr(self.name) if self.name else ''}>"
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+
+
+def _enum(cls, value, api, param):
+    if isinstance(value, cls):
+        return value
+    raise TypeError(f"{api}() {param} must be a nki.isa.{cls.__name__} member, got "
+                    f"{value!r} (integer enum values and strings are rejected from NKI 0.3.0)")
+
+
+def _core_engine(value, api, allowed=("vector", "scalar", "gpsimd")):
+    """The core's engine for ``engine=``; unknown lets the core pick."""
+    e = _enum(engine, value, api, "engine")
+    if e is engine.unknown:
+        return _core.engine.unknown
+    if e.name not in allowed:
+        raise _invalid(f"{api} engine {e.name} is not supported; use one of "
+                       f"{', '.join(allowed)}")
+    return getattr(_core.engine, e.name)
+
+
+def _tensor(t, api, param):
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{api}() {param} must be an NKI tensor, got {type(t).__name__}")
+    return t
+
+
+def _onchip(t, api, param, buffers=("sbuf", "psum")):
+    """An SBUF/PSUM operand: at most pmax partitions (RN 2.32: "a clear verification error when
+    an SBUF or PSUM operand exceeds the 128-partition hardware limit"), in ``buffers``."""
+    _tensor(t, api, param)
+    buf = t.root.buffer
+    if buf not in buffers:
+        raise _invalid(f"{api} {param} must be in {' or '.join(b.upper() for b in buffers)}, "
+                       f"got {buf.upper()} tensor '{t.name}'")
+    run = context.current()
+    if t.shape and t.shape[0] > run.arch.pmax:
+        raise _invalid(f"{api} {param} partition dimension {t.shape[0]} exceeds maximum "
+                       f"{run.arch.pmax}")
+    return t
+
+
+def _no_gpsimd_psum(api, eng, **tiles):
+    """"GpSimd cannot access PSUM" (STUB-R32 tensor_copy / tensor_tensor; spec §7)."""
+    if eng == _core.engine.gpsimd:
+        for param, t in tiles.items():
+            if isinstance(t, Tensor) and t.root.buffer == "psum":
+                raise _invalid(f"{api} on the GpSimd engine cannot access PSUM ({param} "
+                               f"'{t.name}')")
+
+
+def _same_elements(dst, res, api):
+    """``dst`` receives the instruction's result: same partitions, same elements per
+    partition (the ISA writes its output access pattern; no broadcast)."""
+    ds, rs = dst.shape, res.shape
+    dp, rp = (ds[0] if ds else 1), (rs[0] if rs else 1)
+    if dp != rp or math.prod(ds) != math.prod(rs):
+        raise _invalid(f"{api} dst shape {shape_str(ds)} does not match the result shape "
+                       f"{shape_str(rs)}")
+
+
+def _into(dst, res, api, name):
+    """Retarget the instruction that produced the fresh tile ``res`` so it writes ``dst``
+    (one instruction in the trace, its written region ``dst``)."""
+    _same_elements(dst, res, api)
+    instr = res._producer
+    extra = tuple(instr.writes[1:])          # reduce_res, dst_idx: written as well
+    assign(dst, res, fresh=True)
+    if extra:
+        instr.writes = tuple(instr.writes) + extra
+    return _handle(instr, name)
+
+
+def _handle(instr, name):
+    if name is not None:
+        instr.detail["name"] = name
+    return NkiInstruction(instr, name)
+
+
+def _last(name):
+    run = context.current()
+    return _handle(run.trace.instrs[-1], name)
+
+
+def _tok(op):
+    """An op token (``nl.add``, ``nl.maximum``, ``nl.exp``, NumPy ufuncs) as the core knows it:
+    the core's own function, or the core function of the same name when the language face
+    defines its own token objects."""
+    if op is None or isinstance(op, str):
+        return op
+    try:
+        if op in _core._ALU or op in _core._ACT:
+            return op
+    except TypeError:
+        return op
+    core = getattr(_ops, getattr(op, "__name__", ""), None)
+    return core if callable(core) else op
+
+
+def _fp32_operand(op, api, param):
+    """tensor_scalar's (P, 1) tile operands "must be fp32" (STUB-R32 tensor_scalar). Only
+    tensor_scalar documents it: scalar_tensor_tensor and tensor_scalar_reduce are not held to
+    it (nki-library passes them operand0 tiles of the weights' scale dtype)."""
+    if isinstance(op, Tensor) and op.dtype != np.dtype(np.float32):
+        raise _invalid(f"{api} {param} must be float32 when it is a tile, got "
+                       f"{dtypes.name(op.dtype)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# data movement
+
+
+@_validated
+def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown,
+             engine=engine.unknown, name=None):
+    """``dst = src`` on a DMA queue; HBM or SBUF on each side, never PSUM (MIG 0.2->0.3:
+    "nisa.dma_copy - reading from PSUM" removed); dtype conversion through fp32, except that
+    ``dge_mode=hwdge`` needs identical dtypes from 0.3.0. ``priority`` is new in 0.4.0."""
+    api = "dma_copy"
+    if priority is not None and not at_least("0.4"):
+        raise TypeError(f"{api}() got an unexpected keyword argument 'priority'")
+    om = _enum(globals()["oob_mode"], oob_mode, api, "oob_mode")
+    dm = _enum(globals()["dge_mode"], dge_mode, api, "dge_mode")
+    _enum(globals()["engine"], engine, api, "engine")
+    for param, t in (("dst", dst), ("src", src)):
+        _tensor(t, api, param)
+        if t.root.buffer == "psum":
+            raise _invalid(f"{api} {param} cannot be in PSUM (tensor '{t.name}'); copy PSUM to "
+                           "SBUF with nisa.tensor_copy first")
+    if dm is globals()["dge_mode"].hwdge and dst.dtype != src.dtype:
+        raise _invalid(f"{api} with dge_mode=hwdge needs identical dtypes, got dst "
+                       f"{dtypes.name(dst.dtype)} and src {dtypes.name(src.dtype)}")
+    _core.dma_copy(dst=dst, src=src, oob_mode=getattr(_core.oob_mode, om.name),
+                   dge_mode=getattr(_core.dge_mode, dm.name))
+    return _last(name)
+
+
+@_validated
+def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_mode.error,
+                  name=None):
+    """Transpose ``src`` (HBM or SBUF) into ``dst`` on the DMA engines. From 0.4.0 ``dst`` must
+    have exactly the transposed rank and shape (RN 2.30); 0.6.0 relaxed it (RN 2.32, details
+    undocumented: nkisim then asks for the same partitions and element count)."""
+    api = "dma_transpose"
+    _enum(globals()["dge_mode"], dge_mode, api, "dge_mode")
+    _enum(globals()["oob_mode"], oob_mode, api, "oob_mode")
+    _tensor(dst, api, "dst")
+    if dst.root.buffer == "psum":
+        raise _invalid(f"{api} dst cannot be in PSUM (tensor '{dst.name}')")
+    res = _core.dma_transpose(_tensor(src, api, "src"), axes=axes, dtype=dst.dtype)
+    if not at_least("0.6") and tuple(dst.shape) != tuple(res.shape):
+        raise _invalid(f"{api} dst shape {shape_str(dst.shape)} must be the transposed shape "
+                       f"{shape_str(res.shape)}")
+    return _into(dst, res, api, name)
+
+
+@_validated
+def tensor_copy(dst, src, engine=engine.unknown, name=None):
+    """``dst = src`` cast to ``dst.dtype`` on the Vector, Scalar or GpSimd engine: the PSUM ->
+    SBUF eviction. GpSimd cannot touch PSUM; "no Scalar-Engine tensor_copy on v2" (STUB-R32)."""
+    api = "tensor_copy"
+    eng = _core_engine(engine, api)
+    _onchip(dst, api, "dst")
+    _onchip(src, api, "src")
+    _no_gpsimd_psum(api, eng, dst=dst, src=src)
+    if eng == _core.engine.scalar and context.current().arch.nc_version < 3:
+        raise _invalid(f"{api} on the Scalar engine is not available on gen2; use "
+                       "nisa.activation(op=nl.copy)")
+    res = _core.tensor_copy(src, dtype=dst.dtype, engine=eng)
+    return _into(dst, res, api, name)
+
+
+# ---------------------------------------------------------------------------------------------
+# element-wise
+
+
+@_validated
+def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
+    """``dst = data1 <op> data2``: same partitions and elements per partition, no implicit
+    broadcast ("use tensor_scalar"); ``data1`` and ``data2`` cannot both be in PSUM."""
+    api = "tensor_tensor"
+    eng = _core_engine(engine, api)
+    _onchip(dst, api, "dst")
+    _onchip(data1, api, "data1")
+    _onchip(data2, api, "data2")
+    if eng == _core.engine.unknown:
+        # "nl.power runs on GpSimd (no PSUM). All-int32/uint32 operands default to GpSimd"
+        # (STUB-R32 tensor_tensor; spec §2.4): the engine, hence the no-PSUM rule
+        ints = {np.dtype(np.int32), np.dtype(np.uint32)}
+        if _core._alu_name(_tok(op), api) == "power" or (
+                {data1.dtype, data2.dtype} <= ints and "psum" not in
+                (dst.root.buffer, data1.root.buffer, data2.root.buffer)):
+            eng = _core.engine.gpsimd
+    _no_gpsimd_psum(api, eng, dst=dst, data1=data1, data2=data2)
+    if data1.root.buffer == "psum" and data2.root.buffer == "psum":
+        raise _invalid(f"{api} data1 and data2 cannot both be in PSUM")
+    if data1.shape[0] != data2.shape[0] or data1.size != data2.size:
+        raise _invalid(f"{api} data1 {shape_str(data1.shape)} and data2 "
+                       f"{shape_str(data2.shape)} must have the same partitions and elements "
+                       "per partition (no broadcast: use tensor_scalar)")
+    res = _core.tensor_tensor(data1, data2, _tok(op), dtype=dst.dtype, engine=eng)
+    return _into(dst, res, api, name)
+
+
+@_validated
+def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None,
+                  reverse1=False, engine=engine.unknown, name=None):
+    """``dst = (data <op0> operand0) <op1> operand1``; each operand a scalar or a (P, 1) fp32
+    tile broadcast along the free dims; ``data`` in SBUF or PSUM (STUB-R32 tensor_scalar)."""
+    api = "tensor_scalar"
+    eng = _core_engine(engine, api)
+    _onchip(dst, api, "dst")
+    _onchip(data, api, "data")
+    for param, o in (("operand0", operand0), ("operand1", operand1)):
+        if isinstance(o, Tensor):
+            _onchip(o, api, param)
+        _fp32_operand(o, api, param)
+    _no_gpsimd_psum(api, eng, dst=dst, data=data, operand0=operand0, operand1=operand1)
+    if eng == _core.engine.scalar and context.current().arch.nc_version == 3:
+        # "On trn2 the Scalar Engine only accepts (mul, add), (mul, None) and (add, None)"
+        # (STUB-R32 tensor_scalar; spec §2.4)
+        pair = (_core._alu_name(_tok(op0), api),
+                None if op1 is None else _core._alu_name(_tok(op1), api))
+        if pair not in (("multiply", "add"), ("multiply", None), ("add", None)):
+            raise _invalid(f"{api} on the Scalar engine of gen3 supports (multiply, add), "
+                           f"(multiply, None) and (add, None) as (op0, op1), got {pair}")
+    res = _core.tensor_scalar(data, _tok(op0), operand0, reverse0, _tok(op1), operand1, reverse1,
+                              dtype=dst.dtype, engine=eng)
+    return _into(dst, res, api, name)
+
+
+@_validated
+def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False,
+                         reverse1=False, engine=engine.unknown, name=None):
+    """``dst = (data <op0> operand0) <op1> operand1``, operand0 a scalar or (P, 1) tile,
+    operand1 a tile like ``data``."""
+    api = "scalar_tensor_tensor"
+    eng = _core_engine(engine, api)
+    _onchip(dst, api, "dst")
+    _onchip(data, api, "data")
+    _onchip(operand1, api, "operand1")
+    _no_gpsimd_psum(api, eng, dst=dst, data=data, operand0=operand0, operand1=operand1)
+    if data.root.buffer == "psum" and operand1.root.buffer == "psum":
+        raise _invalid(f"{api} data and operand1 cannot both be in PSUM")
+    res = _core.scalar_tensor_tensor(data=data, op0=_tok(op0), operand0=operand0, op1=_tok(op1),
+                                     operand1=operand1, reverse0=reverse0, reverse1=reverse1,
+                                     dtype=dst.dtype, engine=eng)
+    return _into(dst, res, api, name)
+
+
+@_validated
+def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, reverse1=False,
+                       name=None):
+    """``dst[:, i] = (data0[:, i] <op0> dst[:, i-1]) <op1> data1[:, i]`` along the free axis,
+    starting from ``initial``."""
+    api = "tensor_tensor_scan"
+    _onchip(dst, api, "dst")
+    _onchip(data0, api, "data0")
+    _onchip(data1, api, "data1")
+    res = _core.tensor_tensor_scan(data0, data1, initial, _tok(op0), _tok(op1), reverse0, reverse1,
+                                   dtype=dst.dtype)
+    return _into(dst, res, api, name)
+
+
+@_validated
+def reciprocal(dst, data, engine=engine.unknown, name=None):
+    """``dst = 1 / data``."""
+    api = "reciprocal"
+    eng = _core_engine(engine, api)
+    _onchip(dst, api, "dst")
+    _onchip(data, api, "data")
+    _no_gpsimd_psum(api, eng, dst=dst, data=data)
+    res = _core.reciprocal(data, dtype=dst.dtype, engine=eng)
+    return _into(dst, res, api, name)
+
+
+@_validated
+def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
+               reduce_cmd=reduce_cmd.idle, name=None):
+    """``dst = op(data * scale + bias)`` in fp32 on the Scalar Engine; ``scale`` a scalar or a
+    (P, 1) fp32 tile, ``bias`` a (P, 1) tile ("2.28 added a check that the bias free dim is
+    1"); with ``reduce_res``, its sum along the free dims too (``reduce_op`` nl.add)."""
+    api = "activation"
+    rc = _enum(globals()["reduce_cmd"], reduce_cmd, api, "reduce_cmd")
+    _onchip(dst, api, "dst")
+    _onchip(data, api, "data")
+    for param, t in (("bias", bias), ("scale", scale), ("reduce_res", reduce_res)):
+        if isinstance(t, Tensor):
+            _onchip(t, api, param)
+    if rc.name not in ("idle", "reset_reduce"):
+        # idle / reset_reduce: reduce_res gets this instruction's own reduction; the others
+        # carry the Scalar Engine accumulators across instructions, which nkisim does not model
+        raise nki_error("nkisim_unsupported", what=f"{api} reduce_cmd={rc.name}",
+                        why="the Scalar Engine accumulator registers are not simulated")
+    res = _core.activation(_tok(op), data, bias=bias, scale=scale, reduce_op=_tok(reduce_op),
+                           reduce_res=reduce_res, dtype=dst.dtype)
+    return _into(dst, res, api, name)
+
+
+@_validated
+def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0, name=None):
+    """``activation`` that also reduces its result along the free dims into ``reduce_res``."""
+    return activation(dst, op, data, bias=bias, scale=scale, reduce_op=reduce_op,
+                      reduce_res=reduce_res, name=name)
+
+
+# ---------------------------------------------------------------------------------------------
+# reductions
+
+
+@_validated
+def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
+    """Reduce free axes of ``data`` with ``op`` into ``dst``. The axes must be the last
+    contiguous free dims ending at the final dim (``(3,)``, ``(2, 3)``, ``(1, 2, 3)`` for 4-D;
+    STUB-R32 tensor_reduce): permute with ``.ap()`` first for any other set."""
+    api = "tensor_reduce"
+    _onchip(dst, api, "dst")
+    _onchip(data, api, "data")
+    nd = max(2, len(data.shape))
+    if isinstance(axis, (int, np.integer)):
+        axes = (int(axis),)
+    elif isinstance(axis, (tuple, list)) and axis:
+        axes = tuple(int(a) for a in axis)
+    else:
+        raise _invalid(f"{api} axis must be an int or a non-empty tuple of ints, got {axis!r}")
+    norm = sorted(a + nd if a < 0 else a for a in axes)
+    if norm != list(range(nd - len(norm), nd)) or norm[0] < 1:
+        raise _invalid(f"{api} axis {tuple(axes)} must be the last contiguous free dimensions "
+                       f"of the {nd}-D data (e.g. ({nd - 1},) or {tuple(range(1, nd))})")
+    res = _core.tensor_reduce(_tok(op), data, tuple(norm), negate=negate, keepdims=keepdims,
+                              dtype=dst.dtype)
+    return _into(dst, res, api, name)
+
+
+@_validated
+def tensor_partition_reduce(dst, op, data, name=None):
+    """Reduce across the partitions of ``data`` (GpSimd): ``dst`` is (1, free...)."""
+    api = "tensor_partition_reduce"
+    _onchip(dst, api, "dst", ("sbuf",))
+    _onchip(data, api, "data", ("sbuf",))
+    res = _core.tensor_partition_reduce(_tok(op), data, dtype=dst.dtype)
+    return _into(dst, res, api, name)
+
+
+@_validated
+def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, reverse0=False,
+                         name=None):
+    """``dst = data <op0> operand0`` and its reduction over the free dims into ``reduce_res``
+    (P, 1). ``reduce_res`` is optional from 0.6.0 (RN 2.32), required before."""
+    api = "tensor_scalar_reduce"
+    _onchip(dst, api, "dst")
+    _onchip(data, api, "data")
+    scratch = None
+    if reduce_res is None:
+        if not at_least("0.6"):
+            raise TypeError(f"{api}() missing 1 required argument: 'reduce_res'")
+        scratch = reduce_res = _ops.ndarray((data.shape[0], 1), np.float32)
+    else:
+        _onchip(reduce_res, api, "reduce_res")
+    res = _core.tensor_scalar_reduce(data=data, op0=_tok(op0), operand0=operand0,
+                                     reduce_op=_tok(reduce_op), reduce_res=reduce_res,
+                                     reverse0=reverse0, dtype=dst.dtype)
+    if scratch is not None:              # no reduce_res: the reduction is not written
+        instr = res._producer
+        sr = region(scratch)
+        instr.writes = tuple(w for w in instr.writes if w != sr)
+        instr.detail["reduce"] = False
+        context.current().memory.release(scratch.root)
+    return _into(dst, res, api, name)
+
+
+@_validated
+def max8(dst, src, name=None):
+    """The 8 largest values of each partition of ``src``, descending, into ``dst`` (P, 8)."""
+    api = "max8"
+    _onchip(dst, api, "dst")
+    _onchip(src, api, "src")
+    return _into(dst, _core.max8(src=src, dtype=dst.dtype), api, name)
+
+
+@_validated
+def nc_find_index8(dst, data, vals, name=None):
+    """Index of the first occurrence of each of the 8 ``vals`` in each partition of ``data``;
+    ``dst`` uint16 or uint32."""
+    api = "nc_find_index8"
+    _onchip(dst, api, "dst")
+    _onchip(data, api, "data")
+    _onchip(vals, api, "vals")
+    return _into(dst, _core.nc_find_index8(data=data, vals=vals, dtype=dst.dtype), api, name)
+
+
+@_validated
+def nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None):
+    """``dst`` = ``data`` with the first occurrence of each of the 8 ``vals`` replaced by
+    ``imm``; the indices of the matches into ``dst_idx``."""
+    api = "nc_match_replace8"
+    _onchip(dst, api, "dst")
+    _onchip(data, api, "data")
+    _onchip(vals, api, "vals")
+    if dst_idx is not None:
+        _onchip(dst_idx, api, "dst_idx")
+    res = _core.nc_match_replace8(data=data, vals=vals, imm=imm, dst_idx=dst_idx,
+                                  dtype=dst.dtype)
+    return _into(dst, res, api, name)
+
+
+def _core_reduce_cmd(value, api):
+    rc = _enum(reduce_cmd, value, api, "reduce_cmd")
+    if rc is reduce_cmd.load_reduce:
+        raise nki_error("nkisim_unsupported", what=f"{api} reduce_cmd=load_reduce",
+                        why="loading the accumulator registers is not simulated")
+    return getattr(_core.reduce_cmd, rc.name)
+
+
+@_validated
+def select_reduce(dst, predicate, on_true, on_false, reduce_res=None,
+                  reduce_cmd=reduce_cmd.idle, reduce_op=_ops.maximum, reverse_pred=False,
+                  name=None):
+    """``dst = where(predicate, on_true, on_false)`` with an optional max reduction per
+    partition into ``reduce_res`` through the Vector Engine accumulators."""
+    api = "select_reduce"
+    for param, t in (("dst", dst), ("predicate", predicate), ("on_true", on_true)):
+        _onchip(t, api, param)
+    _core.select_reduce(dst=dst, predicate=predicate, on_true=on_true, on_false=on_false,
+                        reduce_res=reduce_res, reduce_cmd=_core_reduce_cmd(reduce_cmd, api),
+                        reduce_op=_tok(reduce_op), reverse_pred=reverse_pred)
+    return _last(name)
+
+
+@_validated
+def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1,
+                 reduce_cmd=reduce_cmd.idle, reduce_res=None, reduce_op=_ops.maximum,
+                 range_start=0, on_false_value=_ops.fp32.min, name=None):
+    """Keep the elements whose free index + ``range_start`` satisfies both comparisons, others
+    become ``on_false_value``; max-reduce per partition (NeuronCore-v3+)."""
+    api = "range_select"
+    _onchip(dst, api, "dst")
+    _onchip(on_true_tile, api, "on_true_tile")
+    res = _core.range_select(on_true_tile=on_true_tile, comp_op0=_tok(comp_op0),
+                             comp_op1=_tok(comp_op1),
+                             bound0=bound0, bound1=bound1,
+                             reduce_cmd=_core_reduce_cmd(reduce_cmd, api),
+                             reduce_res=reduce_res, reduce_op=_tok(reduce_op),
+                             range_start=range_start, on_false_value=on_false_value,
+                             dtype=dst.dtype)
+    return _into(dst, res, api, name)
+
+
+# ---------------------------------------------------------------------------------------------
+# constants and selection
+
+
+@_validated
+def memset(dst, value, engine=engine.unknown, name=None):
+    """Fill ``dst`` with ``value`` (Vector or GpSimd). From 0.3.0 "the value's type must match
+    dst.dtype" (MIG 0.2->0.3: ``2`` not ``2.0`` for int32). nkisim rejects a float value for an
+    integer dtype; an int value for a float dtype is accepted (AWS's nki-library, CI-tested,
+    memsets float tiles with ``value=0``)."""
+    api = "memset"
+    eng = _core_engine(engine, api, ("vector", "gpsimd"))
+    _onchip(dst, api, "dst")
+    _no_gpsimd_psum(api, eng, dst=dst)
+    if isinstance(value, Tensor) or not isinstance(value, (int, float, np.integer,
+                                                           np.floating)):
+        raise TypeError(f"{api}() value must be a Python or NumPy number, got "
+                        f"{type(value).__name__}")
+    if dtypes.is_int(dst.dtype) and isinstance(value, (float, np.floating)):
+        raise _invalid(f"{api} value {value!r} is a float but dst is "
+                       f"{dtypes.name(dst.dtype)}: pass an int")
+    res = _core.memset(dst.shape, value, dst.dtype, engine=eng)
+    return _into(dst, res, api, name)
+
+
+@_validated
+def iota(dst, pattern, offset=0, channel_multiplier=0, name=None):
+    """``dst[p, ...] = offset + p * channel_multiplier + sum(step_i * idx_i)`` for ``pattern =
+    [[step, num], ...]`` (up to 4 free dims), int32 arithmetic cast to ``dst.dtype``; dst in
+    SBUF (STUB-R32 iota; ``offset`` defaults to 0 from 0.3.0)."""
+    api = "iota"
+    _onchip(dst, api, "dst", ("sbuf",))
+    res = _core.iota_pattern(dst.shape[0], pattern, dst.dtype, offset, channel_multiplier)
+    return _into(dst, res, api, name)
+
+
+@_validated
+def affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value,
+                  cmp_op=_ops.equal, offset=0, name=None):
+    """``dst = on_true_tile`` where ``cmp_op(offset + p * channel_multiplier + sum(step_i *
+    idx_i), 0)``, else ``on_false_value``; dst and on_true_tile in SBUF (0.3.0+ order: ``offset``
+    is a keyword, default 0; STUB-R29/R32)."""
+    api = "affine_select"
+    _onchip(dst, api, "dst", ("sbuf",))
+    _onchip(on_true_tile, api, "on_true_tile", ("sbuf",))
+    if isinstance(on_false_value, Tensor) or not isinstance(
+            on_false_value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{api}() on_false_value must be a number, got "
+                        f"{type(on_false_value).__name__}")
+    res = _core.affine_select_pattern(pattern, channel_multiplier, on_true_tile,
+                                      on_false_value, cmp_op=_tok(cmp_op), offset=offset,
+                                      dtype=dst.dtype)
+    return _into(dst, res, api, name)
+
+
+@_validated
+def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
+    """Copy ``src`` (a tile or a number) into ``dst`` where ``predicate`` is true (false with
+    ``reverse_pred``); other elements of ``dst`` keep their values."""
+    api = "tensor_copy_predicated"
+    _onchip(dst, api, "dst")
+    _onchip(predicate, api, "predicate")
+    if isinstance(src, Tensor):
+        _onchip(src, api, "src")
+    _core.tensor_copy_predicated(src=src, dst=dst, predicate=predicate,
+                                 reverse_pred=reverse_pred)
+    return _last(name)
+
+
+@_validated
+def dropout(dst, data, prob, name=None):
+    """Zero each element of ``data`` with probability ``prob`` (a scalar or a (P, 1) tile)."""
+    api = "dropout"
+    _onchip(dst, api, "dst")
+    _onchip(data, api, "data")
+    return _into(dst, _core.dropout(data, prob, dtype=dst.dtype), api, name)
+
+
+# ---------------------------------------------------------------------------------------------
+# statistics, gathers, shuffles
+
+
+@_validated
+def bn_stats(dst, data, name=None):
+    """Per partition (count, mean, variance*count) of the even then odd elements: dst (P, 6)."""
+    api = "bn_stats"
+    _onchip(dst, api, "dst")
+    _onchip(data, api, "data")
+    return _into(dst, _core.bn_stats(data, dtype=dst.dtype), api, name)
+
+
+@_validated
+def bn_aggr(dst, data, name=None):
+    """Aggregate bn_stats triples into (mean, variance) per partition: dst (P, 2)."""
+    api = "bn_aggr"
+    _onchip(dst, api, "dst")
+    _onchip(data, api, "data")
+    return _into(dst, _core.bn_aggr(data, dtype=dst.dtype), api, name)
+
+
+@_validated
+def local_gather(dst, src_buffer, index, num_elem_per_idx=1, num_valid_indices=None,
+                 name=None):
+    """GpSimd gather inside each group of 16 partitions (SBUF only)."""
+    api = "local_gather"
+    _onchip(dst, api, "dst", ("sbuf",))
+    _onchip(src_buffer, api, "src_buffer", ("sbuf",))
+    _onchip(index, api, "index", ("sbuf",))
+    res = _core.local_gather(src_buffer, index, num_elem_per_idx, num_valid_indices)
+    return _into(dst, res, api, name)
+
+
+@_validated
+def sequence_bounds(dst, segment_ids, name=None):
+    """[start, end) of the segment of each element of a (1, n) tile of ids: dst (1, 2, n)."""
+    api = "sequence_bounds"
+    _onchip(dst, api, "dst")
+    _onchip(segment_ids, api, "segment_ids")
+    return _into(dst, _core.sequence_bounds(segment_ids=segment_ids, dtype=dst.dtype), api,
+                 name)
+
+
+@_validated
+def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
+    """Move partitions inside each 32-partition quadrant: ``dst[q*32 + i] = src[q*32 +
+    shuffle_mask[i]]``, 255 leaves ``dst[q*32 + i]`` unchanged. ``dst`` comes first since NKI
+    0.2.0 ("nc_stream_shuffle swapped src/dst", RN27)."""
+    api = "nc_stream_shuffle"
+    _onchip(dst, api, "dst")
+    _onchip(src, api, "src")
+    _core.nc_stream_shuffle(src, dst, shuffle_mask)
+    return _last(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor Engine
+
+
+@_validated
+def nc_transpose(dst, data, engine=engine.unknown, name=None):
+    """Swap the partition and (flattened) free axes. Tensor Engine: SBUF -> PSUM, <= [128, 128];
+    Vector Engine: <= [32, 32], SBUF or PSUM on either side; ``engine=unknown`` picks by shape.
+    "dst.dtype must equal data.dtype" (STUB-R32). Before 0.4.0 an explicit engine was silently
+    ignored (RN 2.30)."""
+    api = "nc_transpose"
+    eng = _core_engine(engine, api, ("tensor", "vector"))
+    if not at_least("0.4"):
+        eng = _core.engine.unknown
+    _onchip(dst, api, "dst")
+    _onchip(data, api, "data")
+    if dst.dtype != data.dtype:
+        raise _invalid(f"{api} dst dtype {dtypes.name(dst.dtype)} must equal the data dtype "
+                       f"{dtypes.name(data.dtype)}")
+    P, F = data.shape[0], max(1, data.size // max(1, data.shape[0]))
+    on_pe = eng == _core.engine.tensor or (eng == _core.engine.unknown and
+                                            not (P <= 32 and F <= 32))
+    if on_pe and dst.root.buffer != "psum":
+        raise _invalid(f"{api} on the Tensor Engine writes PSUM; dst '{dst.name}' is in "
+                       f"{dst.root.buffer.upper()}")
+    res = _core.nc_transpose(data, dtype=dst.dtype, engine=eng)
+    return _into(dst, res, api, name)
+
+
+@_validated
+def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False,
+              is_transpose=False, accumulate=None, tile_position=(), tile_size=(),
+              perf_mode=matmul_perf_mode.none, name=None):
+    """``dst (+)= stationary.T @ moving`` on the Tensor Engine: K on partitions; inputs in SBUF,
+    ``dst`` in PSUM, float32 on gen2/gen3 (STUB-R32 nc_matmul).
+
+    ``accumulate`` (new in 0.3.0): ``False`` overwrites; ``True`` adds ("only valid after the
+    location was initialised by a matmul"; from 0.5.0 the simulator warns when it was not,
+    RN 2.31); ``None`` (default) "auto-detects: the first write to a PSUM location overwrites
+    and later writes accumulate". nkisim tracks, per PSUM element, whether a matmul initialised
+    it (nkisim.psum_init; spec §6 item 5): ``None`` adds where set and overwrites elsewhere."""
+    api = "nc_matmul"
+    pm = _enum(matmul_perf_mode, perf_mode, api, "perf_mode")
+    if accumulate is not None and not isinstance(accumulate, (bool, np.bool_)):
+        raise TypeError(f"{api}() accumulate must be None, True or False, got {accumulate!r}")
+    run = context.current()
+    _onchip(dst, api, "dst", ("psum",))
+    _onchip(stationary, api, "stationary", ("sbuf",))
+    _onchip(moving, api, "moving", ("sbuf",))
+    if is_transpose:
+        # a PE transpose (stationary.T @ identity) keeps the data's dtype, as nc_transpose
+        # does ("dst.dtype must equal data.dtype"); AWS's nki-library core/max/cascaded_max.py
+        # transposes into a PSUM tile of the value's dtype with is_transpose=True
+        if dst.dtype != stationary.dtype:
+            raise _invalid(f"{api} with is_transpose=True: dst dtype {dtypes.name(dst.dtype)} "
+                           f"must equal the stationary dtype {dtypes.name(stationary.dtype)}")
+    elif dst.dtype != np.dtype(np.float32):
+        gen = nc_version(run.arch.nc_version).name
+        raise _invalid(f"{api} dst dtype must be float32 on {gen}, got "
+                       f"{dtypes.name(dst.dtype)}")
+    res = _core.nc_matmul(stationary, moving, is_stationary_onezero=is_stationary_onezero,
+                          is_moving_onezero=is_moving_onezero, is_transpose=is_transpose,
+                          tile_position=tile_position, tile_size=tile_size,
+                          perf_mode=None if pm is matmul_perf_mode.none else pm.name)
+    _same_elements(dst, res, api)
+    instr = res._producer
+    inc = fit(values(res), dst.shape, res.shape)
+    init = psum_init.get(dst)        # per element: did a matmul initialise it?
+    init_all = bool(init.all())
+    init_any = init_all or bool(init.any())
+    if accumulate is None:
+        add_all, add_any = init_all, init_any
+    elif accumulate:
+        add_all = add_any = True
+        if not init_all and at_least("0.5"):
+            run.warn(("nc_matmul_accumulate_uninit", dst.root.id),
+                     f"nc_matmul(accumulate=True) into PSUM `{dst.name}` that no matmul "
+                     "initialised: the result is undefined on hardware; start the group with "
+                     "accumulate=False (nki.isa.nc_matmul docs)")
+    else:
+        add_all = add_any = False
+    if add_any:
+        # the accumulation reads the partial sums a matmul wrote (where no matmul did, True
+        # adds garbage and was warned about): exempt from the race checks, as for
+        # `psum += nisa.nc_matmul(...)` (an associative reduction)
+        if dst._w is not None and init_any:
+            checks.check_read(run, dst if init_all else _masked_shadow_view(dst, init, run),
+                              "nc_matmul (accumulate)", accumulate=True)
+        if add_all and dst._idx is None and values(dst).dtype == np.float32:
+            write(dst, None, api, accumulate=True, run=run, add=inc)    # in place, one pass
+        else:
+            cur = np.asarray(values(dst), np.float32)
+            vals = cur + inc if add_all else np.where(init, cur + inc, inc)
+            write(dst, vals, api, accumulate=True, run=run)
+    else:
+        write(dst, inc, api, run=run)
+    inherit_taint(dst, res)
+    if not init_all:
+        psum_init.mark(dst)
+    instr.writes = (region(dst),)
+    instr.detail["accumulate"] = add_any
+    run.memory.release(res.root)
+    res._producer = None
+    return _handle(instr, name)
+
+
+# ---------------------------------------------------------------------------------------------
+# the current API's ops nkisim does not simulate yet: a clear error at the call, not an
+# AttributeError (STUB-R32 isa; spec §1 "New ISA ops")
+
+_NOT_SIMULATED = ("dma_compute", "quantize_mx", "nc_matmul_mx", "nc_n_gather",
+                  "nonzero_with_count", "topk", "activate2", "exponential", "rng",
+                  "register_alloc", "register_load", "register_move", "core_barrier", "sendrecv")
+
+
+def __getattr__(attr):
+    if attr in ("tensor_copy_dynamic_src", "tensor_copy_dynamic_dst"):
+        if at_least("0.4"):      # "removed in 0.4.0 (use tensor_copy + .ap(scalar_offset=...))"
+            raise AttributeError(f"module 'nki.isa' has no attribute '{attr}' (removed in NKI "
+                                 "0.4.0: use nisa.tensor_copy with .ap(scalar_offset=...))")
+        return _dynamic_copy(attr)
+    if attr in _NOT_SIMULATED:
+        def fn(*args, **kwargs):
+            raise nki_error("nkisim_unsupported", what=f"nki.isa.{attr}",
+                            why="not part of the API surface nkisim simulates yet")
+        fn.__name__ = attr
+        return fn
+    raise AttributeError(f"module 'nki.isa' has no attribute '{attr}'")
+
+
+def _dynamic_copy(attr):
+    """NKI 0.3's deprecated ``tensor_copy_dynamic_src/dst(dst, src, engine, name)``."""
+    def fn(dst, src, engine=engine.unknown, name=None):
+        eng = _core_engine(engine, attr)
+        _onchip(dst, attr, "dst")
+        _onchip(src, attr, "src")
+        if attr.endswith("src"):
+            return _into(dst, _core.tensor_copy_dynamic_src(src, dtype=dst.dtype, engine=eng),
+                         attr, name)
+        _core.tensor_copy_dynamic_dst(dst=dst, src=src, engine=eng)
+        return _last(name)
+    fn.__name__ = fn.__qualname__ = attr
+    return _validated(fn)

@@ -1,4 +1,527 @@
 """``nki.language`` (nl) of NKI 0.3-0.7: allocation, buffers, dtypes, iteration, views, and the
-experimental convenience wrappers (spec nki-current.md §2.2, §2.3)."""
+experimental convenience wrappers (spec nki-current.md §2.2, §2.3).
+
+The op tokens ISA calls take (``op=nl.add``, ``op0=nl.maximum``, ``op=nl.exp``, ``op=nl.copy``)
+are the machine core's own functions (nkisim.ops), so the core's op-code tables accept them; called
+as wrappers they follow the rules of the release the face imitates (``nkisim.nki.rules``: no
+broadcasting, ``nl.copy``'s result buffer), which the core reads from the running kernel.
+Everything else is defined here with the current signatures.
+"""
 
 from __future__ import annotations
+
+import builtins
+import inspect
+import math
+import os
+import warnings
+
+import ml_dtypes
+import numpy as np
+
+from .. import context, dtypes
+from .. import ops as _ops
+from ..errors import nki_error
+from ..indexing import DynSlice
+from ..lowering import matmul as _matmul
+from ..lowering import transpose as _transpose
+
+# ---------------------------------------------------------------------------------------------
+# op tokens and element-wise wrappers: the core's objects (see the module docstring)
+from ..ops import (  # noqa: E402,F401
+    abs,
+    add,
+    arctan,
+    bitwise_and,
+    bitwise_or,
+    bitwise_xor,
+    ceil,
+    copy,
+    cos,
+    divide,
+    equal,
+    erf,
+    exp,
+    floor,
+    fmod,
+    gelu,
+    gelu_apprx_sigmoid,
+    gelu_apprx_sigmoid_dx,
+    gelu_apprx_tanh,
+    gelu_dx,
+    greater,
+    greater_equal,
+    invert,
+    left_shift,
+    less,
+    less_equal,
+    log,
+    logical_and,
+    logical_not,
+    logical_or,
+    logical_xor,
+    max,
+    maximum,
+    mean,
+    min,
+    minimum,
+    mish,
+    mod,
+    multiply,
+    negative,
+    not_equal,
+    power,
+    prod,
+    reciprocal,
+    relu,
+    right_shift,
+    rsqrt,
+    sigmoid,
+    sign,
+    silu,
+    silu_dx,
+    sin,
+    softplus,
+    sqrt,
+    square,
+    subtract,
+    sum,
+    tan,
+    tanh,
+    trunc,
+    var,
+    where,
+)
+from ..tensor import Buffer, Tensor
+from ..tensor import DirectAlloc as _DirectAlloc
+from ..tensor import allocate as _allocate
+from . import _version
+
+bitwise_not = invert
+
+# ---------------------------------------------------------------------------------------------
+# dtypes (STUB-R32 language: ``DType`` constants). nkisim's dtypes are NumPy's (bf16/fp8 from
+# ml_dtypes), which compare equal to their names (np.dtype("float32") == "float32").
+
+# As dtype *instances* (not NumPy scalar types): the real constants are strings, and
+# nki-library compares ``str(dtype) == str(nl.float32)`` (core/utils/allocator.py sizeinbytes)
+# and keys dicts by them (kernel_helpers.py) with a tensor's dtype: str(np.dtype("float32")) is
+# "float32" and np.dtype hashes alike, as a string constant would.
+bool_ = np.dtype(dtypes.bool_)
+int8, int16, int32 = np.dtype(dtypes.int8), np.dtype(dtypes.int16), np.dtype(dtypes.int32)
+uint8, uint16, uint32 = np.dtype(dtypes.uint8), np.dtype(dtypes.uint16), np.dtype(dtypes.uint32)
+float16, float32 = np.dtype(dtypes.float16), np.dtype(dtypes.float32)
+bfloat16 = dtypes.bfloat16
+tfloat32 = dtypes.tfloat32
+float8_e4m3 = dtypes.float8_e4m3
+float8_e5m2 = dtypes.float8_e5m2
+# float8_e4m3fn (2.28) and float8_e8m0fnu (0.5.0): ml_dtypes' types of those names
+float8_e4m3fn = getattr(dtypes, "float8_e4m3fn", np.dtype(ml_dtypes.float8_e4m3fn))
+float8_e8m0fnu = getattr(dtypes, "float8_e8m0fnu", np.dtype(ml_dtypes.float8_e8m0fnu))
+DType = dtype = np.dtype          # annotations: `dtype: nki.dtype = nl.bfloat16`
+# `nl.bool` (nki-library core/utils/kernel_helpers.py returns it for 'bool')
+globals()["bool"] = bool_
+# MX packed types (4 values in 32 bits, 2.27; quantize_mx / nc_matmul_mx): named so kernels
+# import; nkisim does not simulate them, so allocating one is nkisim_operand_dtype.
+float8_e5m2_x4 = np.dtype([("float8_e5m2_x4", "u1", (4,))])
+float8_e4m3fn_x4 = np.dtype([("float8_e4m3fn_x4", "u1", (4,))])
+float4_e2m1fn_x4 = np.dtype([("float4_e2m1fn_x4", "u1", (4,))])
+
+fp32, bfp16 = _ops.fp32, _ops.bfp16
+finfo = _ops.finfo
+
+
+class NKIObject:
+    """``nl.NKIObject``: the base class of user classes a kernel may use (nki-library's
+    configuration dataclasses and TensorView derive from it). On nkisim kernels are plain Python,
+    so it adds nothing."""
+
+    __slots__ = ()
+
+
+# ---------------------------------------------------------------------------------------------
+# buffers (STUB-R32 language: MemoryRegion members; ``nl.hbm`` is an alias of ``private_hbm``)
+
+sbuf = _ops.sbuf
+psum = _ops.psum
+private_hbm = _ops.private_hbm
+hbm = private_hbm
+shared_hbm = _ops.shared_hbm
+
+
+def _buffer_of(x):
+    return x.buffer if isinstance(x, Tensor) else x
+
+
+def is_sbuf(buffer) -> bool:
+    b = _buffer_of(buffer)
+    return isinstance(b, Buffer) and b.kind == "sbuf"
+
+
+def is_psum(buffer) -> bool:
+    b = _buffer_of(buffer)
+    return isinstance(b, Buffer) and b.kind == "psum"
+
+
+def is_hbm(buffer) -> bool:
+    b = _buffer_of(buffer)
+    return isinstance(b, Buffer) and b.kind == "hbm"
+
+
+def is_on_chip(buffer) -> bool:
+    return is_sbuf(buffer) or is_psum(buffer)
+
+
+def _check_buffer(buffer, api) -> Buffer:
+    # 0.3.0: "string buffers ('sbuf') are rejected" (MIG 0.2->0.3, spec §2.0 item 5)
+    if not isinstance(buffer, Buffer):
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"buffer must be nl.sbuf, nl.psum, nl.hbm, nl.private_hbm or "
+                            f"nl.shared_hbm, not {buffer!r}" +
+                            (" (string buffers are rejected since NKI 0.3.0)"
+                             if isinstance(buffer, str) else ""))
+    return buffer
+
+
+# ---------------------------------------------------------------------------------------------
+# allocation (§2.2)
+
+def ndarray(shape, dtype, buffer=sbuf, name="", address=None):
+    """A new tensor; its memory is uninitialised: nkisim fills it with NaN (4 for integers), as
+    the real simulator does (SIM), and its uninitialised-read check reports reads of elements
+    never written. ``address=(partition_offset, byte_offset)`` places an SBUF/PSUM tensor there
+    (0.3.0): tensors placed at overlapping addresses share storage."""
+    buf = _check_buffer(buffer, "nl.ndarray")
+    if address is not None:
+        buf = _placed(buf, address, shape, dtype)
+    t = _allocate(_shape(shape, "nl.ndarray"), dtype, buffer=buf, name=name, api="nl.ndarray")
+    if address is not None:
+        _share_shadow(t, buf)
+    return t
+
+
+def _share_shadow(t, buf):
+    """Placed tensors share storage; they must share what nkisim knows of it too (which
+    elements were written). The same placement (address, shape, dtype) shares the shadow; a
+    partial overlap counts the overlapping tensors as written (no false uninitialised-read
+    error; a missed one is possible)."""
+    run = context.current()
+    if t._w is None:
+        return
+    placed = run.direct_sites.setdefault(("nki.language placed tensors",), [])
+    nbytes = math.prod(t.shape[1:]) * t._arr.itemsize
+    me = (buf.kind, buf.base_partition, buf.base_partition + t.shape[0], buf.base_addr,
+          buf.base_addr + nbytes, t.shape, t.dtype)
+    for other, root in placed:
+        if other[0] != me[0] or other[2] <= me[1] or me[2] <= other[1] or \
+                other[4] <= me[3] or me[4] <= other[3]:
+            continue
+        if other[1:] == me[1:]:
+            t.root.shadow = t._w = root.shadow
+            return
+        for sh in (root.shadow, t._w):
+            if sh is not None:
+                np.maximum(sh, run.epoch, out=sh)
+    placed.append((me, t.root))
+
+
+def _shape(shape, api):
+    if isinstance(shape, (int, np.integer)):
+        shape = (int(shape),)
+    try:
+        return tuple(int(s) for s in shape)
+    except (TypeError, ValueError):
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"shape must be a tuple of ints, got {shape!r}") from None
+
+
+def _placed(buf, address, shape, dtype):
+    """``address=(partition_offset, free_offset)``: the free offset in bytes within a partition
+    (MIG §"Translate from the NKI 0.1.0 direct allocation API": ``address=(0, base + (i % k) *
+    F * itemsize)``); PSUM addresses start on a 2 KiB bank boundary (same guide)."""
+    if buf.kind not in ("sbuf", "psum"):
+        raise nki_error("nkisim_invalid_argument", api="nl.ndarray",
+                        why="address= places SBUF/PSUM tensors only")
+    try:
+        p0, off = (int(a) for a in address)
+    except (TypeError, ValueError):
+        raise nki_error("nkisim_invalid_argument", api="nl.ndarray",
+                        why=f"address must be (partition_offset, free_offset), got "
+                            f"{address!r}") from None
+    if buf.kind == "psum" and off % 2048:
+        raise nki_error("nkisim_invalid_argument", api="nl.ndarray",
+                        why=f"a PSUM address must start on a 2 KiB bank boundary, got "
+                            f"free offset {off}")
+    return _DirectAlloc(buf.kind, base_addr=off, base_partition=p0)
+
+
+def zeros(shape, dtype, buffer=sbuf, name=""):
+    """Experimental (STUB-R32). A new tensor filled with zeros (an SBUF memset)."""
+    _check_buffer(buffer, "nl.zeros")
+    return _ops.zeros(_shape(shape, "nl.zeros"), dtype, buffer=buffer, name=name)
+
+
+def ones(shape, dtype, buffer=sbuf, name=""):
+    _check_buffer(buffer, "nl.ones")
+    return _ops.ones(_shape(shape, "nl.ones"), dtype, buffer=buffer, name=name)
+
+
+def full(shape, fill_value, dtype, buffer=sbuf, name=""):
+    _check_buffer(buffer, "nl.full")
+    return _ops.full(_shape(shape, "nl.full"), fill_value, dtype, buffer=buffer, name=name)
+
+
+def zeros_like(a, dtype=None, buffer=sbuf, name=""):
+    return zeros(a.shape, dtype or a.dtype, buffer=buffer, name=name)
+
+
+def ndarray_like(a, dtype=None, buffer=sbuf, name=""):
+    return ndarray(a.shape, dtype or a.dtype, buffer=buffer, name=name)
+
+
+empty_like = ndarray_like
+
+shared_constant = _ops.shared_constant
+
+
+def shared_identity_matrix(n, dtype=uint8):
+    """An ``(n, n)`` identity matrix in SBUF. nki-library's kernels (AWS-tested on device) use
+    the result as an on-chip operand: ``identity_sb = nl.shared_identity_matrix(d_head, ...)``
+    then ``identity_sb.ap(...)`` as a tensor_copy source (core/embeddings/rope.py) and as a
+    matmul operand (moe_tkg/all_expert_impl.py). The constant reaches SBUF by a DMA."""
+    n = int(n)
+    hbm_const = _ops.shared_identity_matrix(n, dtype=dtype)
+    t = _allocate((n, n), hbm_const.dtype, buffer=sbuf, name="identity",
+                  api="nl.shared_identity_matrix")
+    run = context.current()
+    _ops._dma(t, hbm_const, _ops.read(hbm_const, "shared_identity_matrix", run),
+              "shared_identity_matrix", run)
+    return t
+
+# ---------------------------------------------------------------------------------------------
+# tile sizes (nki/api/nki.language.tile_size.rst @R32; RN 2.30, 2.31)
+
+
+class _TileSize(type(_ops.tile_size)):
+    """``nl.tile_size``: Beta 1's constants plus the 0.4.0 byte-aware ones and 0.5.0's
+    ``psum_num_banks``. ``psum_fmax`` and ``total_available_sbuf_size`` are deprecated in 0.4.0
+    and still work (spec §2.2)."""
+
+    # one PSUM bank: 2 KiB per partition = 512 fp32 (the arch guide's PSUM bank)
+    psum_bank_fmax = 512
+    psum_bank_fmax_bytes = 2048
+
+    @property
+    def sbuf_fmax_bytes(self):
+        """Bytes of one partition a tile may use (the target's usable SBUF per partition)."""
+        return self._arch().sbuf_usable_bytes
+
+    @property
+    def sbuf_fmax(self):
+        """``sbuf_fmax_bytes`` in fp32 elements."""
+        return self.sbuf_fmax_bytes // 4
+
+    @property
+    def sbuf_size_bytes(self):
+        """SBUF bytes per partition of the target."""
+        return self._arch().sbuf_partition_bytes
+
+    @property
+    def psum_num_banks(self):
+        # "7 when NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE=true, else 8" (tile_size rst @R32)
+        flag = os.environ.get("NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE", "").strip().lower()
+        return self._arch().psum_banks - (1 if flag in ("1", "true", "yes") else 0)
+
+    @staticmethod
+    def _arch():
+        run = context.maybe_current()
+        from ..arch import get_arch
+        return run.arch if run else get_arch(os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE")
+                                             or None)
+
+
+tile_size = _TileSize()
+
+# ---------------------------------------------------------------------------------------------
+# iteration (§2.2, §2.0 item 4): every loop unrolls; the range iterators are `range` with the
+# signature (start, stop=None, step=1) — extra keywords are a TypeError, as on the device
+# (NS #134: "affine_range() got an unexpected keyword argument 'precise_schedule'").
+
+
+def _range(kind, start, stop, step):
+    args = (start,) if stop is None else (start, stop, step)
+    # the core's unrolled loop: the loop variable is a plain int, no parallel-loop checks
+    return _ops._loop("static", args, int)
+
+
+def affine_range(start, stop=None, step=1):
+    """Deprecated alias of ``range`` (0.3-0.5: "fully unrolled"; 0.6: "an alias for Python's
+    range()")."""
+    return _range("affine", start, stop, step)
+
+
+def sequential_range(start, stop=None, step=1):
+    """Deprecated alias of ``range``."""
+    return _range("sequential", start, stop, step)
+
+
+def static_range(start, stop=None, step=1):
+    """Fully unrolled loop (an alias of ``range`` from 0.6)."""
+    return _range("static", start, stop, step)
+
+
+def _int_value(x, api):
+    """The value of a loop bound: an int, or a register read at run time (nki.isa's
+    VirtualRegister; nkisim runs eagerly, so its value is known)."""
+    if isinstance(x, (int, np.integer)) and not isinstance(x, builtins.bool):
+        return int(x)
+    for attr in ("value", "_value"):
+        v = getattr(x, attr, None)
+        if isinstance(v, (int, np.integer)):
+            return int(v)
+    try:
+        return int(x)
+    except (TypeError, ValueError):
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"loop bounds must be ints or registers, got "
+                            f"{type(x).__name__}") from None
+
+
+def range(start, stop=None, step=1):  # noqa: A001 - NKI's name
+    """``nl.range``: nki-library's mxfp_load_utils loops with it (a kernel AWS tests on
+    device); an unrolled loop like the other iterators."""
+    return _range("range", start, stop, step)
+
+
+def dynamic_range(start, stop=None, step=1):
+    """A loop the device runs at run time (bounds may be registers). Deprecated in 0.6.0
+    (use ``nl.fori_loop``), removed in 0.7.0 (RN 2.32, 2.33; spec §1, §2.2)."""
+    if _version.at_least(0, 7):
+        raise AttributeError("module 'nki.language' has no attribute 'dynamic_range': it was "
+                             "removed in NKI 0.7.0; use nl.fori_loop(lower, upper, body_fun)")
+    if _version.at_least(0, 6):
+        warnings.warn("nl.dynamic_range is deprecated since NKI 0.6.0: use "
+                      "nl.fori_loop(lower, upper, body_fun, step=1)", DeprecationWarning,
+                      stacklevel=2)
+    s = _int_value(start, "nl.dynamic_range")
+    if stop is None:
+        return _ops._loop("sequential", (0, s), int)
+    return _ops._loop("sequential", (s, _int_value(stop, "nl.dynamic_range"),
+                                     _int_value(step, "nl.dynamic_range")), int)
+
+
+def fori_loop(lower, upper, body_fun, step=1):
+    """``nl.fori_loop(lower, upper, body_fun, step=1)`` (0.6.0): calls ``body_fun(i)`` for each
+    ``i`` in ``range(lower, upper, step)``, in order (a run-time loop on the device; nkisim runs
+    it eagerly). Bounds may be registers."""
+    _need(0, 6, "fori_loop")
+    lo = _int_value(lower, "nl.fori_loop")
+    hi = _int_value(upper, "nl.fori_loop")
+    st = _int_value(step, "nl.fori_loop")
+    for i in _ops._loop("sequential", (lo, hi, st), int):
+        body_fun(i)
+
+
+def while_loop(init, body_fun):
+    """``nl.while_loop(init, body_fun)`` (0.6.0, replaces bare ``while reg:``): runs
+    ``body_fun`` while the condition is non-zero; the condition starts as ``init`` (a register
+    or an int) and is what ``body_fun`` returns, or, when it returns None, ``init`` re-read (a
+    register the body updates). The stub's exact contract is not in the spec: this is nkisim's
+    reading of the signature."""
+    _need(0, 6, "while_loop")
+    cond = init
+    takes_arg = _n_positional(body_fun) >= 1
+    for _ in _ops._loop("sequential", (0, 1 << 62), int):
+        if not _int_value(cond, "nl.while_loop"):
+            break
+        r = body_fun(cond) if takes_arg else body_fun()
+        cond = init if r is None else r
+
+
+def _n_positional(fn) -> int:
+    try:
+        return builtins.sum(1 for p in inspect.signature(fn).parameters.values()
+                            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    except (TypeError, ValueError):
+        return 0
+
+
+def _need(major, minor, name):
+    if not _version.at_least(major, minor):
+        raise AttributeError(f"module 'nki.language' has no attribute '{name}' (added in NKI "
+                             f"{major}.{minor}.0; NKISIM_NKI_VERSION={_version.current()})")
+
+
+def ds(start, size):
+    """``nl.ds(start, size)``: the slice ``start:start + size``."""
+    return DynSlice(start, size)
+
+
+# ---------------------------------------------------------------------------------------------
+# SPMD / LNC (§2.1): ``kernel[lnc]`` launches lnc program instances along axis 0
+
+
+def program_id(axis=0):
+    return _ops.program_id(axis)
+
+
+def num_programs(axes=0):
+    return _ops.num_programs(axes)
+
+
+def program_ndim():
+    return _ops.program_ndim()
+
+
+# ---------------------------------------------------------------------------------------------
+# convenience wrappers (0.3.0+, experimental; §2.3)
+
+
+def load(src, dtype=None):
+    """HBM -> a new SBUF tile."""
+    return _ops.load(src, dtype=dtype)
+
+
+def store(dst, value):
+    """An SBUF tile -> HBM. A PSUM ``value`` is not supported (RN 2.29 known issue: copy it to
+    SBUF with nisa.tensor_copy first); Beta 1 inserted that copy itself."""
+    if isinstance(value, Tensor) and value.root.buffer == "psum":
+        raise nki_error("err_unsupported_memory", param="value", api="nl.store",
+                        expected="sbuf", got="psum")
+    return _ops.store(dst, value)
+
+
+def matmul(x, y, transpose_x=False):
+    """``x.T @ y`` (``transpose_x=True``) or ``x @ y`` into a new PSUM tile. It cannot
+    accumulate into an existing tile: use nisa.nc_matmul (STUB-R32). In 0.3 and 0.4 it "fails
+    unless transpose_x=True" (RN 2.29/2.30 known issue; spec §2.3)."""
+    if not transpose_x and not _version.at_least(0, 5):
+        raise NotImplementedError(
+            "nl.matmul fails unless transpose_x=True in NKI "
+            f"{'.'.join(map(str, _version.current()))} (known issue, release notes 2.29/2.30): "
+            "pass x already transposed with transpose_x=True, or use nisa.nc_matmul")
+    return _matmul(x, y, transpose_x=transpose_x)
+
+
+def transpose(x, dtype=None):
+    """A 2-D tile transposed into a new PSUM tile (STUB-R32)."""
+    return _transpose(x, dtype=dtype)
+
+
+def softmax(x, axis, dtype=None):
+    return _ops.softmax(x, axis, dtype=dtype)
+
+
+def device_print(print_prefix, tensor):
+    """Print ``tensor`` with ``print_prefix`` to stdout, as the simulator does (SIM; on a device
+    it goes to $NEURON_RT_DEBUG_OUTPUT_DIR). The prefix must be a string."""
+    if not isinstance(print_prefix, str):
+        raise nki_error("nkisim_invalid_argument", api="nl.device_print",
+                        why=f"print_prefix must be a compile-time string, got "
+                            f"{type(print_prefix).__name__}")
+    return _ops.device_print(print_prefix, tensor)
+
+
+# `x: nl.tensor` annotations in nki-library docstrings/signatures
+tensor = Tensor
+

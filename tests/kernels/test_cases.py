@@ -2,7 +2,9 @@
 
 ``test_case`` runs each case in each of its dtypes through the session's backend (``nki_verify``:
 inputs -> kernel -> float64 golden + low-precision baseline -> tolerance-aware comparison ->
-session report). The plugin generates a ``[...-simulate]`` and a ``[...-device]`` variant of each;
+session report), once per NKI dialect of ``--nki-dialect`` (default both: our Beta 1 kernel and its
+current-``nki`` twin, ``[...-beta1-...]``/``[...-nki-...]``). The plugin generates a
+``[...-simulate]`` and a ``[...-device]`` variant of each;
 the device variant runs on a trn1/trn2 and is skipped elsewhere. Large cases are marked ``slow``
 and still run by default: the course grades the large-image correctness cases.
 
@@ -25,9 +27,18 @@ def _case_params():
 
 
 @pytest.mark.parametrize("case, dtype", list(_case_params()))
-def test_case(case, dtype, nki_verify):
+def test_case(case, dtype, nki_dialect, nki_verify):
     nki_verify(case.kernel, case.params, dtype, case_id=case.id,
                seed=registry.case_seed(case.id, dtype), dist=case.dist)
+
+
+def _device_spec(kernel, dialect, device):
+    """Our kernel in ``dialect``, or a skip saying why the installed SDK cannot run that dialect
+    on the device (neuronx-cc up to 2.27 runs beta1, nki 0.3+ runs nki)."""
+    reason = device.dialect_skip_reason(dialect)
+    if reason is not None:
+        pytest.skip(f"device: {reason}")
+    return registry.get(kernel).for_dialect(dialect)
 
 
 def _perf_params():
@@ -38,8 +49,8 @@ def _perf_params():
 
 @pytest.mark.device
 @pytest.mark.parametrize("case, dtype", list(_perf_params()))
-def test_performance(case, dtype, nki_device):
-    spec = registry.get(case.kernel)
+def test_performance(case, dtype, nki_dialect, nki_device):
+    spec = _device_spec(case.kernel, nki_dialect, nki_device)
     inputs = spec.inputs(case.params, dtype, seed=registry.case_seed(case.id, dtype))
     kernel = nki_device.load(spec.import_path)
     p99_us = nki_device.benchmark(kernel, inputs.args, inputs.kwargs, warmup=5, iters=20)
@@ -50,8 +61,8 @@ def test_performance(case, dtype, nki_device):
 
 
 @pytest.mark.device
-def test_transpose_extra_credit(nki_device):
-    spec = registry.get("transpose")
+def test_transpose_extra_credit(nki_dialect, nki_device):
+    spec = _device_spec("transpose", nki_dialect, nki_device)
     params = {"m": 4096, "n": 4096}
     inputs = spec.inputs(params, "float32", seed=0)
     kernel = nki_device.load(spec.import_path)

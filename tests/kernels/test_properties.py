@@ -6,7 +6,9 @@ Cases are drawn within the hardware limits of the session's target (``--nki-targ
 ``--nki-dtypes`` and the tox envs select them. The number of examples comes from the
 hypothesis profile (``nki-ci``: 10, derandomized; ``nki-dev``: 20; ``nki-thorough``: 200).
 
-Our kernels are drawn within the hardware's limits; a kernel given with ``--nki-kernel`` (a
+Each test runs once per NKI dialect of ``--nki-dialect`` (default both: the Beta 1 kernel and its
+current-``nki`` twin; the ``nki_dialect`` fixture). Our kernels are drawn within the hardware's
+limits; a kernel given with ``--nki-kernel`` (a
 student's) within the course's contract (``nki_contract``; ``--nki-contract`` overrides).
 """
 
@@ -32,7 +34,8 @@ def _verify(case, nki_verify):
 @pytest.mark.parametrize("kernel", ["naive", "tiled", "stream"])
 @relaxed
 @given(data=st.data())
-def test_vector_add(kernel, dtype, data, nki_target, nki_verify, nki_contract):
+def test_vector_add(kernel, dtype, data, nki_target, nki_verify, nki_contract,
+                     nki_dialect):
     case = data.draw(strategies.kernel_cases(kernel, dtype=dtype, target=nki_target,
                                              contract=nki_contract(kernel),
                                              **({"max_tiles": 8} if kernel == "tiled" else {})),
@@ -43,7 +46,8 @@ def test_vector_add(kernel, dtype, data, nki_target, nki_verify, nki_contract):
 @pytest.mark.parametrize("dtype", DTYPES)
 @relaxed
 @given(data=st.data())
-def test_transpose(dtype, data, nki_target, nki_verify, nki_contract):
+def test_transpose(dtype, data, nki_target, nki_verify, nki_contract,
+                     nki_dialect):
     case = data.draw(strategies.kernel_cases("transpose", dtype=dtype, target=nki_target,
                                              contract=nki_contract("transpose")),
                      label="case")
@@ -53,7 +57,8 @@ def test_transpose(dtype, data, nki_target, nki_verify, nki_contract):
 @pytest.mark.parametrize("dtype", DTYPES)
 @relaxed
 @given(data=st.data())
-def test_conv2d(dtype, data, nki_target, nki_verify, nki_contract):
+def test_conv2d(dtype, data, nki_target, nki_verify, nki_contract,
+                     nki_dialect):
     case = data.draw(strategies.kernel_cases("conv2d", dtype=dtype, target=nki_target,
                                              contract=nki_contract("conv2d")),
                      label="case")

@@ -203,7 +203,6 @@ def test_loop_reduce_into_a_subscripted_destination():
     assert np.allclose(run(body, a), want, rtol=1e-6)
 
 
-@pytest.mark.slow
 def test_strict_mode_from_the_environment_the_cli_and_pytest(tmp_path):
     """A tolerated rule is an NKIRuleWarning; NKISIM_STRICT=1, `nkisim run --strict` and
     `pytest --nki-strict` make it the error nkisim_strict_rule."""

@@ -435,6 +435,40 @@ def test_uninitialized_read_names_tensor_region_and_line():
                         r"written\)\.", msg), msg
 
 
+def test_views_made_before_a_partial_write_see_its_epochs():
+    """A tile starts with a lazy shadow (one epoch for every element, nkisim.checks.LAZY); the
+    first partial write gives it element-wise epochs, which views made before that write see
+    too: the same verdicts and messages as an element-wise shadow from the start."""
+    def body(a):
+        out = nl.ndarray((128, 32), dtype=nl.float32, buffer=nl.shared_hbm)
+        buf = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        left, right = buf[:, 0:32], buf[:, 16:48]          # views of the lazy tile
+        nisa.dma_copy(src=a[:, 0:32], dst=left)             # a partial write materializes
+        nisa.dma_copy(src=nisa.tensor_copy(left), dst=out)  # fine: written
+        nisa.dma_copy(src=nisa.tensor_copy(right), dst=out)  # columns 32:48 never written
+        return out
+
+    msg = raises("nkisim_uninitialized_read", body, rand(128, 64))
+    assert "reads `buf[0:128, 32:48]` (2048 of 4096 elements never written)" in msg, msg
+
+    lazy = []
+
+    def whole(a):
+        out = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.load(a)                       # written whole: no element-wise shadow
+        u = nisa.tensor_tensor(t, t, op=nl.add)
+        part = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        part[:, 0:32] = nl.copy(t[:, 0:32])  # written in part: element-wise epochs
+        lazy.extend(x.root.shadow is None for x in (t, u, part))
+        nl.store(out, u)
+        return out
+
+    a = rand(128, 64)
+    got, _ = run(whole, a)
+    np.testing.assert_array_equal(got, a + a)
+    assert lazy == [True, True, False]
+
+
 def test_never_written_values_are_an_error_only_when_they_reach_hbm():
     """On the device an instruction reading never-written SBUF computes garbage in the result
     elements that came from it; that only matters if they are stored (AWS's tutorials/layernorm

@@ -59,8 +59,12 @@ def test_vector_add_naive_fails_past_128():
     assert str(ei.value) == PARTITION_ERROR
 
 
-def test_vector_add_tiled_row_chunk_1():
-    a, b = vectors(25600)
+@pytest.mark.parametrize("n", [
+    1280,
+    # the handout's size: 25600 one-partition iterations, ~100k instructions
+    pytest.param(25600, marks=pytest.mark.slow)])
+def test_vector_add_tiled_row_chunk_1(n):
+    a, b = vectors(n)
     out = nki.baremetal(handout.make_vector_add_tiled(1))(a, b)
     np.testing.assert_array_equal(out, a + b)
 

@@ -54,25 +54,41 @@ def test_run_prints_the_table_and_progress(capsys, tmp_path):
         assert col in header
     rows = [line.split() for line in out.splitlines()
             if line.startswith(("stream-n384", "naive-n128"))]
+    # each case in both dialects by default: our Beta 1 kernel, then its current-nki twin
     assert [(r[0], r[1], r[3]) for r in rows] == [
-        ("naive-n128", "float32", "PASS"), ("stream-n384", "float32", "PASS"),
-        ("stream-n384", "float16", "PASS"), ("stream-n384", "bfloat16", "PASS")]
-    assert "4 passed, 0 failed" in out
+        ("naive-n128", "float32", "PASS"), ("naive-n128[nki]", "float32", "PASS"),
+        ("stream-n384", "float32", "PASS"), ("stream-n384[nki]", "float32", "PASS"),
+        ("stream-n384", "float16", "PASS"), ("stream-n384[nki]", "float16", "PASS"),
+        ("stream-n384", "bfloat16", "PASS"), ("stream-n384[nki]", "bfloat16", "PASS")]
+    assert "8 passed, 0 failed" in out
     # progress: a line as each case starts and finishes (stderr is not a tty here)
-    assert "[1/4] naive-n128 float32 ..." in err and "[4/4] stream-n384 bfloat16 PASS" in err
+    assert "[1/8] naive-n128 float32 ..." in err and \
+        "[8/8] stream-n384[nki] bfloat16 PASS" in err
     data = json.loads(path.read_text())
-    assert len(data["cases"]) == 4 and all(c["passed"] for c in data["cases"])
+    assert len(data["cases"]) == 8 and all(c["passed"] for c in data["cases"])
+    assert [c["dialect"] for c in data["cases"]].count("nki") == 4
+    assert {r["kernel"] for r in data["rows"]} == {"naive", "naive[nki]", "stream",
+                                                   "stream[nki]"}
+
+
+def test_dialect_option_picks_our_kernels_twin(capsys):
+    assert cli.main(["--dialect", "nki", "--cases", "naive-n64", "--dtypes", "float16"]) == 0
+    out = capsys.readouterr().out
+    assert "naive-n64[nki]" in out and "1 passed, 0 failed" in out
+    assert cli.main(["--dialect", "beta1", "--cases", "naive-n64", "--dtypes", "float16"]) == 0
+    out = capsys.readouterr().out
+    assert "naive-n64[nki]" not in out and "1 passed, 0 failed" in out
 
 
 def test_run_is_the_default_command(capsys):
     assert cli.main(["run", "--cases", "naive-n64", "--dtypes", "bfloat16"]) == 0
     out = capsys.readouterr().out
-    assert "naive-n64" in out and "1 passed, 0 failed" in out
+    assert "naive-n64" in out and "2 passed, 0 failed" in out
 
 
 def test_a_wrong_kernel_fails_with_the_comparison(bad_naive, capsys):
     bad_naive("forgets_b")
-    code = cli.main(["--cases", "naive-n128"])
+    code = cli.main(["--cases", "naive-n128", "--dialect", "beta1"])
     out, err = capsys.readouterr()
     assert code == 1
     assert "FAIL" in out and "0 passed, 1 failed" in out
@@ -81,7 +97,7 @@ def test_a_wrong_kernel_fails_with_the_comparison(bad_naive, capsys):
 
 def test_a_kernel_that_raises_is_an_error_row(bad_naive, capsys):
     bad_naive("raises")
-    code = cli.main(["--cases", "naive-n64", "--dtypes", "float16"])
+    code = cli.main(["--cases", "naive-n64", "--dtypes", "float16", "--dialect", "beta1"])
     out, err = capsys.readouterr()
     assert code == 1 and "ERROR" in out
     assert "ValueError: this kernel is broken" in err

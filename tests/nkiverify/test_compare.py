@@ -258,6 +258,29 @@ def test_baseline_check_uses_k_times_baseline_error_with_an_ulp_floor():
         compare(kernel, expected, FP32, baseline=baseline[:10])
 
 
+def test_a_baseline_function_is_called_only_when_the_verdict_needs_it():
+    rng = np.random.default_rng(4)
+    expected = rng.random(1000) * 8                 # 1-ulp floor at max|golden|: 2**-21
+    baseline = expected.astype(np.float32)
+    loose = Tolerance("float32", 1, max_ulp=8, bias_z=None)
+    calls = []
+
+    def make_baseline():
+        calls.append(1)
+        return baseline
+
+    # 3 ulps off: within k=4 x the floor whatever the baseline, so it is not computed
+    near = (expected + 3 * 2.0**-21).astype(np.float32)
+    ok = compare(near, expected, FP32, baseline=make_baseline, tolerance=loose, k=4)
+    assert ok.passed and not calls and ok.baseline_stats is None
+    assert ok.baseline_limit == pytest.approx(4 * 2.0**-21)
+    # the same verdicts as with the array when it matters
+    bad = compare(near, expected, FP32, baseline=make_baseline, tolerance=loose, k=2)
+    assert calls == [1] and not bad.passed and "baseline" in bad.reasons[0]
+    assert bad.baseline_limit == compare(near, expected, FP32, baseline=baseline,
+                                         tolerance=loose, k=2).baseline_limit
+
+
 # --- the default tolerance on realistic conv2d data --------------------------------------------
 
 B, C_IN, C_OUT, H, K, POOL = 2, 256, 32, 10, 3, 2  # reduction length 256*9 = 2304, as the course

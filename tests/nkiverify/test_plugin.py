@@ -214,6 +214,18 @@ def test_the_shim_serves_neuronxcc_before_test_modules_import(pytester):
     pytester.runpytest().assert_outcomes(passed=1)
 
 
+def test_the_shim_serves_the_current_nki_dialect_too(pytester):
+    pytester.makepyfile("""
+        import nki
+        import nki.language as nl
+        from nki.isa.constants import oob_mode
+
+        def test_k():
+            assert nki.__name__ == "nkisim.nki" and nl.__name__ == "nkisim.nki.language"
+    """)
+    pytester.runpytest().assert_outcomes(passed=1)
+
+
 def test_nki_device_fixture_skips_with_the_reason(pytester):
     pytester.makepyfile("""
         def test_perf(nki_device):

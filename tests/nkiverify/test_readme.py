@@ -45,7 +45,6 @@ def checkouts(tmp_path_factory):
     return pair
 
 
-@pytest.mark.slow
 def test_the_hypothesis_recipe_runs_as_written(checkouts):
     good, _ = checkouts
     (good / "test_my_conv.py").write_text(_block("# test_my_conv.py"))
@@ -55,7 +54,6 @@ def test_the_hypothesis_recipe_runs_as_written(checkouts):
     assert "1 passed" in r.stdout and "FailedHealthCheck" not in r.stdout
 
 
-@pytest.mark.slow
 def test_a_failure_shrinks_and_prints_a_command_that_reproduces_it(checkouts):
     _, buggy = checkouts
     (buggy / "test_my_conv.py").write_text(_block("# test_my_conv.py"))

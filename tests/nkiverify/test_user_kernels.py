@@ -104,7 +104,9 @@ def test_parallel_run_prints_in_the_same_order():
 
     serial, parallel = rows("1"), rows("2")
     assert serial == parallel
-    assert [r[0] for r in serial] == ["naive-n64", "stream-n384", "transpose-1024x384"]
+    assert [r[0] for r in serial] == ["naive-n64", "naive-n64[nki]", "stream-n384",
+                                      "stream-n384[nki]", "transpose-1024x384",
+                                      "transpose-1024x384[nki]"]
 
 
 def test_bench_takes_a_kernel_reference(tmp_path, capsys, monkeypatch):

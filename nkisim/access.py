@@ -1,0 +1,234 @@
+"""Access-pattern views: ``tensor.ap(pattern=[[stride, count], ...], offset=...)`` (nki 0.2+).
+
+The pattern addresses the tensor's *storage*, not the view it is called on (nki-current.md §2.0
+item 3, LG warning). Strides and the offset count elements of the view's dtype (the tensor's, or
+``dtype=`` to reinterpret the bytes). On SBUF/PSUM the first pair walks partitions: its stride
+must equal the storage's free-element count (one partition row), the offset splits into a start
+partition and an offset inside the row, and the rest must stay inside the row. On HBM the
+storage is linear. A plain pattern is a strided NumPy view of the storage (writes land in it);
+``vector_offset`` makes the first dimension indirect, which is an advanced-indexed view (a gather
+on read, a scatter on write).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from . import checks, dtypes
+from .errors import nki_error
+from .tensor import Tensor, _addr, _coarse_shadow, read
+
+
+def _owner(a: np.ndarray) -> np.ndarray:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def _bytes_of(owner: np.ndarray, name: str) -> np.ndarray:
+    """The memory owner's bytes, in memory order, as a view (never a copy: writes must land)."""
+    flat = owner.ravel(order="K")
+    if not np.shares_memory(flat[:1], owner) or not (owner.flags.c_contiguous or
+                                                     owner.flags.f_contiguous):
+        raise nki_error("nkisim_unsupported", what=f"ap() of `{name}`",
+                        why="its storage is not one contiguous block (pass contiguous arrays)")
+    return flat.view(np.uint8)
+
+
+def _pattern(pattern, api):
+    try:
+        pairs = [(int(s), int(c)) for s, c in pattern]
+    except (TypeError, ValueError):
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"pattern must be a list of [stride, count] pairs, got "
+                            f"{pattern!r}") from None
+    if not pairs:
+        raise nki_error("nkisim_invalid_argument", api=api, why="pattern is empty")
+    for s, c in pairs:
+        if s < 0 or c < 1:
+            raise nki_error("nkisim_invalid_argument", api=api,
+                            why=f"strides must be >= 0 and counts >= 1, got {[s, c]}")
+    return pairs
+
+
+def _index_value(x, api) -> int:
+    """A dynamic offset's value now (nkisim runs eagerly): a [1, 1] tile, a register or int."""
+    if isinstance(x, Tensor):
+        v = np.asarray(read(x, api)).reshape(-1)
+        if v.size != 1:
+            raise nki_error("nkisim_invalid_argument", api=api,
+                            why=f"scalar_offset must hold one value, got {list(x.shape)}")
+        return int(v[0])
+    for attr in ("value", "_value"):
+        v = getattr(x, attr, None)
+        if isinstance(v, (int, np.integer)):
+            return int(v)
+    return int(x)
+
+
+def access_pattern(t: Tensor, pattern, offset=0, scalar_offset=None, vector_offset=None,
+                   indirect_dim=0, dtype=None) -> Tensor:
+    api = f"{t.name}.ap"
+    root = t.root
+    checks.materialize(root)        # the views below index the element-wise shadow
+    if t._slots is not None or t._arr is None or (t.paxis not in (0, None)):
+        raise nki_error("nkisim_unsupported", what=f"ap() of `{t.name}`",
+                        why="tensors with block dimensions have no flat storage to address")
+    pairs = _pattern(pattern, api)
+    dt = dtypes.normalize(dtype) if dtype is not None else root.dtype
+    sdt = dtypes.storage(dt)
+    isz = sdt.itemsize
+    rsz = dtypes.storage(root.dtype).itemsize
+    onchip = root.buffer != "hbm"
+    # the storage tensor's logical shape (what trivial strides and indirect_dim refer to)
+    rshape = tuple(root.shape)
+    off = int(offset)
+    if scalar_offset is not None:
+        d = int(indirect_dim)
+        if not 0 <= d < len(rshape):
+            raise nki_error("nkisim_invalid_argument", api=api,
+                            why=f"indirect_dim {d} out of range for {list(rshape)}")
+        off += _index_value(scalar_offset, api) * math.prod(rshape[d + 1:]) * rsz // isz
+    if off < 0:
+        raise nki_error("nkisim_invalid_argument", api=api, why=f"offset {off} < 0")
+    shape = tuple(c for _, c in pairs)
+    # storage geometry, in bytes
+    owner = _owner(t._arr)
+    # address of the storage's first byte: a view's _off counts from the start of the memory it
+    # lives in, which for a direct allocation (address=) is the whole SBUF/PSUM byte array
+    start = _addr(t._arr) - t._off + root.base_off
+    if onchip:
+        P = rshape[0]
+        row_bytes = math.prod(rshape[1:]) * rsz   # the tensor's bytes per partition
+        R = root.row_bytes                        # storage bytes between partitions
+        ps = pairs[0][0]
+        if ps * isz != row_bytes and not (pairs[0][1] == 1):
+            raise nki_error("nkisim_invalid_argument", api=api,
+                            why=f"the partition stride must equal the storage's free-element "
+                                f"count ({row_bytes // isz} {dtypes.name(dt)} elements of "
+                                f"`{t.name}`), got {ps}")
+        p0, f0 = divmod(off * isz, row_bytes)
+        inner = sum((c - 1) * s * isz for s, c in pairs[1:])
+        if p0 + pairs[0][1] > P or f0 + inner + isz > row_bytes:
+            raise nki_error("nkisim_invalid_argument", api=api,
+                            why=f"pattern {[list(p) for p in pairs]} at offset {offset} reaches "
+                                f"outside `{t.name}` {list(rshape)} (partitions "
+                                f"{p0}..{p0 + pairs[0][1] - 1}, bytes {f0}..{f0 + inner + isz - 1}"
+                                f" of {row_bytes} per partition)")
+        byte0 = p0 * R + f0
+        strides = (R,) + tuple(s * isz for s, _ in pairs[1:])
+    else:
+        total = math.prod(rshape) * rsz
+        byte0 = off * isz
+        ext = sum((c - 1) * s * isz for s, c in pairs)
+        if byte0 + ext + isz > total:
+            raise nki_error("nkisim_invalid_argument", api=api,
+                            why=f"pattern {[list(p) for p in pairs]} at offset {offset} reaches "
+                                f"byte {byte0 + ext + isz} of `{t.name}`, which has {total}")
+        strides = tuple(s * isz for s, _ in pairs)
+    base = _bytes_of(owner, t.name)
+    first = start - _addr(owner) + byte0
+    if vector_offset is not None:
+        return _indirect(t, pairs, shape, strides, first, base, sdt, dt, vector_offset,
+                         indirect_dim, rshape, rsz, isz, onchip, api)
+    arr = as_strided(base[first:first + isz].view(sdt), shape=shape, strides=strides)
+    # the shadow (epoch of the last write per element of the storage tensor's dtype)
+    w = None
+    if root.shadow is not None:
+        if isz == rsz or all(st % rsz == 0 for st in strides[onchip:]) and byte0 % rsz == 0:
+            sh = root.shadow
+            flat = sh.reshape(-1)
+            if onchip:
+                e0 = p0 * (row_bytes // rsz) + f0 // rsz
+                wst = (row_bytes // rsz * 4,) + tuple(st // rsz * 4 for st in strides[1:])
+            else:
+                e0 = byte0 // rsz
+                wst = tuple(st // rsz * 4 for st in strides)
+            w = as_strided(flat[e0:e0 + 1], shape=shape, strides=wst)
+    # _off counts from the memory the storage lives in, as for every other view (a direct
+    # allocation's views count from the whole SBUF/PSUM byte array: regions, .ap() of a view)
+    v = Tensor(arr, w, root, dt, shape, 0 if onchip else None, None, byte0 + root.base_off)
+    if w is None and root.shadow is not None:
+        v._w = _bytes_shadow(root, byte0, strides, shape, rsz, onchip, row_bytes if onchip
+                             else 0)
+        _coarse_shadow(v)
+        v._w = None
+    return v
+
+
+def _bytes_shadow(root, byte0, strides, shape, rsz, onchip, row_bytes):
+    """The storage tensor's shadow elements a reinterpreting view covers (bounding range)."""
+    flat = root.shadow.reshape(-1)
+    if onchip:
+        p0, f0 = divmod(byte0, root.row_bytes)
+        lo = f0 // rsz
+        hi = (f0 + sum((c - 1) * s for s, c in zip(strides[1:], shape[1:]))) // rsz + 1
+        per = row_bytes // rsz
+        return root.shadow.reshape(root.shadow.shape[0], -1)[p0:p0 + shape[0], lo:hi] \
+            if per else None
+    lo = byte0 // rsz
+    hi = (byte0 + sum((c - 1) * s for s, c in zip(strides, shape))) // rsz + 1
+    return flat[lo:hi]
+
+
+def _indirect(t, pairs, shape, strides, first, base, sdt, dt, vector_offset, indirect_dim,
+              rshape, rsz, isz, onchip, api):
+    """``vector_offset``: row i of the first pattern dimension starts ``vector_offset[i] *
+    stride(indirect_dim)`` elements further. An advanced-indexed view of the storage."""
+    if not isinstance(vector_offset, Tensor):
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why="vector_offset must be an SBUF tile of indices")
+    if onchip:
+        raise nki_error("nkisim_unsupported", what="vector_offset on an SBUF/PSUM tensor",
+                        why="nkisim gathers/scatters HBM tensors only")
+    idx = np.asarray(read(vector_offset, api)).reshape(-1).astype(np.int64)
+    if idx.size != shape[0]:
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"vector_offset has {idx.size} indices for a first dimension of "
+                            f"{shape[0]}")
+    d = int(indirect_dim)
+    total = math.prod(rshape) * rsz
+    lo = _addr(t._arr) - t._off - _addr(base)        # the storage's first byte inside `base`
+    byte = (first - lo) + idx * (math.prod(rshape[d + 1:]) * rsz)
+    for st, c in zip(strides[1:], shape[1:]):
+        byte = byte[..., None] + np.arange(c) * st
+    bad = (byte < 0) | (byte + isz > total)
+    if bad.any():
+        row = int(np.argwhere(bad.reshape(bad.shape[0], -1).any(axis=1))[0, 0])
+        raise nki_error("err_tensor_access_out_of_bound", name=t.name, dim=d,
+                        lo=int(idx[row]), hi=int(idx[row]), size=rshape[d])
+    if (byte % isz).any() or total % isz:
+        raise nki_error("nkisim_unsupported", what="an unaligned indirect access",
+                        why=f"offsets must be multiples of {isz} bytes")
+    storage = base[lo:lo + total].view(sdt)
+    w = t.root.shadow.reshape(-1) if t.root.shadow is not None and isz == rsz else None
+    return Tensor(storage, w, t.root, dt, shape, None, (byte // isz,), 0)
+
+
+def vector_select(t: Tensor, dim: int, vector_offset) -> Tensor:
+    """``t.vector_select(0, idx)``: an advanced-indexed view whose row i is row ``idx[i]`` of
+    ``t``'s first dimension (HBM tensors: the DMA engine's indirect rows)."""
+    api = f"{t.name}.vector_select"
+    if dim != 0:
+        raise nki_error("nkisim_unsupported", what="vector_select on a dimension other than 0",
+                        why="the indirect DMA indexes rows (nki-library TensorView: 'dim=0')")
+    if t.root.buffer != "hbm" or t._idx is not None or t._arr is None:
+        raise nki_error("nkisim_unsupported", what=f"vector_select of `{t.name}`",
+                        why="nkisim gathers/scatters rows of plain HBM views only")
+    if not isinstance(vector_offset, Tensor):
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why="vector_offset must be an SBUF tile of indices")
+    idx = np.asarray(read(vector_offset, api)).reshape(-1).astype(np.int64)
+    n = t.shape[0]
+    bad = (idx < 0) | (idx >= n)
+    if bad.any():
+        i = int(idx[bad][0])
+        raise nki_error("err_tensor_access_out_of_bound", name=t.name, dim=0, lo=i, hi=i,
+                        size=n)
+    rest = tuple(np.arange(c) for c in t.shape[1:])
+    key = np.ix_(idx, *rest) if rest else (idx,)
+    return Tensor(t._arr, t._w, t.root, t.dtype, (idx.size,) + tuple(t.shape[1:]), None,
+                  tuple(key), t._off)
