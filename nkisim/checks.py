@@ -443,13 +443,17 @@ def _strip_name(s: str, t) -> str:
 
 
 def check_outputs(run, outputs) -> None:
-    """``err_tensor_output_not_written_to`` for any returned HBM tensor not fully written."""
-    if run.memory is not None and run.memory.pending is not None:
-        run.memory.commit()
-    if "outputs" not in run.checks:
+    """``err_tensor_output_not_written_to`` for any returned HBM tensor never written; the
+    uninitialized read for one whose every element was computed from never-written memory
+    (``nkisim.tensor._apply_taint``); a warning for one partly written or partly garbage."""
+    outputs_check = "outputs" in run.checks
+    if not outputs_check and "uninit" not in run.checks:
         return
     for t in outputs:
         if t._w is None or t.root.param:
+            continue
+        origin = getattr(t.root, "taint", None)     # stored from never-written memory
+        if origin is None and not outputs_check:
             continue
         w = shadow_view(t)
         unwritten = w == 0
@@ -464,6 +468,8 @@ def check_outputs(run, outputs) -> None:
                 shape += f" (returned as {shape_str(t.shape)})"
         else:
             region, shape = region_str(unwritten), shape_str(t.shape)
+        if n == w.size and origin is not None:
+            raise origin            # all of it computed from never-written memory
         if n < w.size:
             # Partly written: a warning, not the error. The documented error is for an output
             # "never written to" (a dead loop; nki.errors.rst err_tensor_output_not_written_to),
@@ -472,10 +478,11 @@ def check_outputs(run, outputs) -> None:
             # output whose rows 0, 2, ..., 126 only are written by an indirect store, the
             # test reading back just those rows. The unwritten elements keep nkisim's poison
             # (NaN for floats), so a result compared whole still fails.
+            came = "" if origin is None else f"; the first came from this {origin}"
             run.warn(("output_partly_written",),
                      f"output tensor `{t.name}` is only partly written: {n} of {w.size} "
                      f"elements (region {region}) of shape {shape} hold no value written by the "
-                     f"kernel (garbage on device); read back only the written part")
+                     f"kernel (garbage on device); read back only the written part{came}")
             continue
         desc = f"all {n} elements"
         raise nki_error("err_tensor_output_not_written_to", name=t.name,

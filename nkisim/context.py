@@ -179,9 +179,7 @@ class Run:
                       detail if detail is not None else {}, loops, file, line)
         self.trace.append(instr)
         self.taint = None                  # the instruction is complete (nkisim.tensor.read)
-        mem = self.memory
-        if mem.pending is not None:
-            mem.instruction_recorded()
+        self.memory.tick()                 # lifetimes of the tiles it touches (nkisim.memory)
         return instr
 
     def warn(self, key, message: str) -> None:

@@ -26,6 +26,7 @@ from .ops import (
     _tile_vals,
     apply_binary,
     reduce_axes,
+    reduce_masks,
     reduce_values,
     reduced_shape,
     result_tile,
@@ -384,14 +385,15 @@ def tensor_reduce(op, data, axis, *, mask=None, dtype=None, negate=False, keepdi
     v = read(x, api, run).reshape(_tile_shape(x))
     if not bitvec:
         v = dtypes.to_f32(v)
-    out = reduce_values(name, v, axes, keepdims)
+    shape = reduced_shape(_tile_shape(x), axes, keepdims)
+    in_mask, out_mask = reduce_masks(mask, v.shape, axes, shape)
+    out = reduce_values(name, v, axes, keepdims, where=in_mask)
     if negate:
         out = -out
-    shape = reduced_shape(_tile_shape(x), axes, keepdims)
     detail = _detail(x)
     detail.update(alu=name, in_free=math.prod(_tile_shape(x)[1:]))
     return result_tile(run, shape, dtype or x.dtype, np.asarray(out).reshape(shape), api,
-                       VECTOR, (x,), detail, mask=_mask(mask, shape))
+                       VECTOR, (x,), detail, mask=out_mask)
 
 
 def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
@@ -1242,15 +1244,30 @@ def bn_stats(data, *, mask=None, dtype=None, **kwargs):
     if v.shape[1] > nl.tile_size.bn_stats_fmax:
         raise nki_error("err_size_of_dimension_exceed_arch_limit", dim=1, param="data",
                         shape=shape_str(x.shape), api=api, limit=nl.tile_size.bn_stats_fmax)
+    # A mask over the input's elements (AWS tutorials/layernorm v2 masks the free index of each
+    # 512-element chunk) leaves the masked-out elements out of the statistics; "even" and "odd"
+    # then count the processed elements (the masked-in region, ref §1.12) in order.
+    in_mask, out_mask = reduce_masks(mask, v.shape, (1,), (P, 6))
     out = np.zeros((P, 6), np.float64)
-    for k, part in enumerate((v[:, 0::2], v[:, 1::2])):
-        c = part.shape[1]
-        mean = part.mean(axis=1) if c else np.zeros(P)
-        out[:, 3 * k] = c
-        out[:, 3 * k + 1] = mean
-        out[:, 3 * k + 2] = ((part - mean[:, None]) ** 2).sum(axis=1) if c else 0.0
+    groups = [(slice(None), v)] if in_mask is None else _masked_rows(v, in_mask)
+    for r0, rv in groups:
+        for k, part in enumerate((rv[:, 0::2], rv[:, 1::2])):
+            c = part.shape[1]
+            mean = part.mean(axis=1) if c else np.zeros(part.shape[0])
+            out[r0, 3 * k] = c
+            out[r0, 3 * k + 1] = mean
+            out[r0, 3 * k + 2] = ((part - mean[:, None]) ** 2).sum(axis=1) if c else 0.0
     return result_tile(run, (P, 6), dtype or x.dtype, out.astype(np.float32), api, VECTOR,
-                       (x,), _detail(x), mask=_mask(mask, (P, 6)))
+                       (x,), _detail(x), mask=out_mask)
+
+
+def _masked_rows(v, m):
+    """``(rows, values)`` groups of a (P, F) array: each group's rows share the mask pattern of
+    ``m`` and hold their masked-in values in order (an affine mask: usually one group)."""
+    groups = {}
+    for p in range(v.shape[0]):
+        groups.setdefault(m[p].tobytes(), []).append(p)
+    return [(np.asarray(ps), v[np.asarray(ps)][:, m[ps[0]]]) for ps in groups.values()]
 
 
 def bn_aggr(data, *, mask=None, dtype=None, **kwargs):

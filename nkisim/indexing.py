@@ -330,4 +330,51 @@ def normalize_key(key, shape, name, oob=None):
         else:
             raise nki_error("nkisim_invalid_argument", api=f"indexing `{name}`",
                             why=f"unsupported index {k!r} of type {type(k).__name__}")
+    if advanced and (oob is None or not oob) and \
+            not any(isinstance(k, _SliceGrid) for k in key):
+        basic = _as_slices(out)
+        if basic is not None:
+            return "basic", basic
     return ("advanced" if advanced else "basic"), tuple(out)
+
+
+def _as_slices(key):
+    """An advanced key that selects a rectangle, as the equivalent basic key (or None).
+
+    AWS's Beta 1 kernels index tiles with ``nl.mgrid``/``nl.arange`` expressions
+    (``t[k, i.p, i.x]``, ``a[m * 128 + i_p, i_f]``) that nearly always pick a rectangle: the
+    j-th expression varies along axis j of the result only, in steps of a positive constant.
+    Such a key is the NumPy slice key with the same result (same shape, same elements), and a
+    slice is a view where the expression is a gather/scatter of every element (measured: the
+    tutorials' matmul_hoist_load spent 4x as long per instruction on its mgrid indexed block
+    tiles). Expressions of another form (transposing, diagonal, ...) stay advanced."""
+    exprs = [k for k in key if isinstance(k, np.ndarray)]
+    n = len(exprs)
+    try:
+        shape = np.broadcast_shapes(*(k.shape for k in exprs))
+    except ValueError:
+        return None
+    if len(shape) != n or 0 in shape:
+        return None
+    out, j = [], 0
+    for k in key:
+        if not isinstance(k, np.ndarray):
+            out.append(k)
+            continue
+        if k.ndim != n or k.shape[j] != shape[j]:
+            return None
+        length = shape[j]
+        line = k[tuple(slice(None) if a == j else slice(0, 1) for a in range(n))]
+        if line.shape != k.shape and not (k == line).all():   # nl.mgrid: dense grids
+            return None
+        v = line.reshape(-1)
+        start = int(v[0])
+        if length == 1:
+            step = 1
+        else:
+            step = int(v[1]) - start
+            if step <= 0 or (length > 2 and not (np.diff(v) == step).all()):
+                return None
+        out.append(slice(start, start + step * (length - 1) + 1, step))
+        j += 1
+    return tuple(out)

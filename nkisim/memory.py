@@ -1,25 +1,34 @@
-"""SBUF/PSUM allocation accounting: live bytes per partition, PSUM banks, peaks.
+"""SBUF/PSUM allocation accounting: the live bytes per partition, PSUM banks, peaks.
 
-An auto-allocated SBUF/PSUM tensor is live from its creation until the kernel can no longer
-reach it (Python drops its last reference) or the loop iteration that allocated it ends (NKI
-scoping: a tile defined in a loop body is out of scope afterwards, ref §1.9; ``static_range``
-bodies are unrolled at trace time, so their tiles live on until unreachable). SBUF usage is
-counted in bytes per partition (``prod(free dims) * itemsize``, ref §1.2); PSUM usage in 2 KiB
-banks, one bank per tile at least, because a PSUM tile cannot span banks and each matmul
-accumulation group owns a bank (ref §1.4, §1.11). Exceeding the target's usable SBUF per
-partition (trn1 176 KiB; trn2 224 KiB, no reservation documented, see ``nkisim.arch``) or its
-8 PSUM banks raises
-``nkisim_sbuf_overflow``/``nkisim_psum_overflow`` naming the largest live tensors (the device
-compiler reports these as GCA035 "couldn't be allocated in SB", ref §2.2); the real simulator
-does not check capacity at all (ref §4.1, §4.2).
+Capacity is judged on *lifetimes*, as the device compiler's allocator sees them: an
+auto-allocated SBUF/PSUM tile occupies its buffer from the first instruction that touches it
+(reads or writes it) to the last one, not from its ``nl.ndarray`` to the end of the Python
+scope. A kernel whose tiles are never all needed at once is not rejected because its Python
+variables keep them reachable (the brief of issue 8 / conformance repro r15: AWS's
+tutorials/layernorm keeps its input tile and a broadcast gamma in variables while the result is
+computed). At one instruction, its outputs may take the place of inputs it reads for the last
+time (in-place elementwise ops are legal on the engines: ``x[...] = nisa.tensor_scalar(x, ...)``
+writes x in place); so the usage is counted at two points per instruction: before it writes
+(the tiles live before it and needed by it or later) and after (the tiles needed later, and its
+outputs). A tile never touched by an instruction occupies its buffer at its allocation only.
+Loop iterations are executed for real, so a tile allocated in a loop body is one allocation per
+iteration, live for that iteration's accesses (NKI scoping, ref §1.9); a tile used across
+iterations is live until its last access. nkisim measures the lifetimes while the kernel runs
+and checks the peak when it ends.
 
-Result tiles of instructions are *provisional* until the next instruction: ``dst[...] =
-nisa.op(...)`` retargets the instruction to write ``dst`` and releases the result tile (see
-``nkisim.tensor.assign``), which then never existed on the device. A provisional tile is counted
-when the next instruction is recorded, the next tensor is allocated, the loop iteration ends or
-the tile dies, with the usage at the moment it was created (the instruction's operands are live
-then). Direct-allocated tensors (``ncc.sbuf.mod_alloc``) are placed by the kernel and not
-counted here.
+SBUF usage is counted in bytes per partition (``prod(free dims) * itemsize``, ref §1.2); PSUM
+usage in 2 KiB banks, one bank per tile at least, because a PSUM tile cannot span banks and each
+matmul accumulation group owns a bank (ref §1.4, §1.11). A peak above the target's usable SBUF
+per partition (trn1 176 KiB; trn2 224 KiB, no reservation documented, see ``nkisim.arch``) or its
+8 PSUM banks raises ``nkisim_sbuf_overflow``/``nkisim_psum_overflow`` naming the largest tensors
+live at the peak (the device compiler reports these as GCA035 "couldn't be allocated in SB", ref
+§2.2); the real simulator does not check capacity at all (ref §4.1, §4.2). This is a lower bound
+of what the real allocator needs (it also pays for fragmentation and alignment): an error here is
+an allocation the device cannot make either.
+
+The result tile of an instruction that ``dst[...] = nisa.op(...)`` retargets to write ``dst``
+never existed on the device (see ``nkisim.tensor.assign``): ``release`` discards it.
+Direct-allocated tensors (``ncc.sbuf.mod_alloc``) are placed by the kernel and not counted here.
 """
 
 from __future__ import annotations
@@ -27,6 +36,8 @@ from __future__ import annotations
 import os
 import sys
 import weakref
+
+import numpy as np
 
 from .errors import nki_error, shape_str, where
 
@@ -68,35 +79,45 @@ class _TileRef(weakref.ref):
     __slots__ = ("alloc",)
 
 
+# Allocations touched by the instruction being built: ``nkisim.tensor.region`` appends the root
+# of every operand it describes, ``Memory.tick`` (at ``Run.record``) stamps them.
+TOUCHED: list = []
+
+
 class Memory:
     def __init__(self, run):
         tune_malloc()
         self.run = run
-        self.sbuf_live = 0          # bytes per partition
+        self.sbuf_live = 0          # bytes per partition of the allocations still reachable
         self.psum_live = 0          # banks
-        self.peak_sbuf = 0
+        self.peak_sbuf = 0          # lifetime peaks, set by finish()
         self.peak_psum = 0
-        self.live = {}              # alloc id -> Allocation
+        self.live = {}              # alloc id -> Allocation (reachable, in scope)
         self.site_counts = {}       # allocation-site counters (nkisim.tensor._site_key)
-        self.pending = None         # provisional result tile (Allocation), see module doc
-        self.pending_at = 0         # trace length when it was allocated
-        self.pending_need = 0       # SBUF bytes / PSUM banks live when it was allocated
+        self.pending = None         # kept for callers: result tiles are no longer provisional
+        self.clock = 0              # ticks at every allocation and every instruction
+        self.span = {}              # alloc id -> [first touch, last touch] (clock), -1: none
+        self.born = {}              # alloc id -> clock at its allocation
+        self.dead = []              # lifetimes: (first, last, size, buffer, site)
+        self.sites = {}             # (name, shape, dtype, file, line) -> site number
+        self.finished = False
         self.refs = {}              # alloc id -> _TileRef of its tensor, while it is live
+        TOUCHED.clear()
 
     # ---- allocation ----
     def allocate(self, alloc, tensor, provisional=False) -> None:
-        """Account for a new SBUF/PSUM tensor; ``provisional``: an instruction's result tile."""
+        """Account for a new SBUF/PSUM tensor (``provisional``: an instruction's result tile,
+        which the instruction touches at once)."""
         run = self.run
-        if self.pending is not None:
-            self.commit()
         alloc.live = True
         self.live[alloc.id] = alloc
         if alloc.buffer == "sbuf":
             self.sbuf_live += alloc.pbytes
-            need = self.sbuf_live
         else:
             self.psum_live += alloc.banks
-            need = self.psum_live
+        self.clock += 1
+        self.born[alloc.id] = self.clock
+        self.span[alloc.id] = [-1, -1]
         for lp in reversed(run.loops):
             if lp.kind != "static":
                 alloc.loop = lp
@@ -105,54 +126,45 @@ class Memory:
         ref = _TileRef(tensor, self._dead)
         ref.alloc = alloc
         self.refs[alloc.id] = ref
-        if provisional:
-            self.pending = alloc
-            self.pending_at = len(run.trace.instrs)
-            self.pending_need = need
-        else:
-            self._account(alloc, need)
 
-    def _account(self, alloc, need) -> None:
-        """Update the peak with ``need`` (usage when ``alloc`` was created); check capacity."""
-        run = self.run
-        if alloc.buffer == "sbuf":
-            if need > self.peak_sbuf:
-                self.peak_sbuf = need
-                run.trace.peak_sbuf_bytes = need
-            limit = run.arch.sbuf_usable_bytes
-        else:
-            if need > self.peak_psum:
-                self.peak_psum = need
-                run.trace.peak_psum_banks = need
-            limit = run.arch.psum_banks
-        if need <= limit or "capacity" not in run.checks:
-            return
-        largest = self._largest(alloc.buffer)
-        self.release(alloc)
-        if alloc.buffer == "sbuf":
-            raise nki_error("nkisim_sbuf_overflow", need=need, limit=limit,
-                            target=run.arch.name, largest=largest)
-        raise nki_error("nkisim_psum_overflow", need=need, limit=limit, largest=largest)
+    def tick(self) -> None:
+        """An instruction was recorded: stamp the allocations its operands touch."""
+        self.clock += 1
+        self._stamp(self.clock)
+
+    def _stamp(self, now) -> None:
+        span = self.span
+        for root in TOUCHED:
+            s = span.get(root.id)
+            if s is not None:
+                if s[0] < 0:
+                    s[0] = now
+                s[1] = now
+        TOUCHED.clear()
+
+    def filled(self, alloc) -> None:
+        """``alloc`` holds a value since its allocation (a PSUM ``nl.zeros``: no instruction)."""
+        s = self.span.get(alloc.id)
+        if s is not None and s[0] < 0:
+            s[0] = s[1] = self.born[alloc.id]
 
     def commit(self) -> None:
-        """Count the provisional result tile (it was not retargeted)."""
-        alloc, self.pending = self.pending, None
-        if alloc is not None and alloc.live:
-            self._account(alloc, self.pending_need)
-
-    def instruction_recorded(self) -> None:
-        """Called by ``Run.record``: once a later instruction exists, the result tile of the
-        previous one can no longer be retargeted."""
-        if len(self.run.trace.instrs) > self.pending_at + 1:
-            self.commit()
+        """(Nothing is provisional any more: lifetimes are measured.)"""
 
     # ---- release ----
     def release(self, alloc) -> None:
-        """Free ``alloc`` now (a retargeted result tile never existed: not counted)."""
+        """Discard ``alloc``: a retargeted result tile never existed (not counted). Operands
+        described since the last instruction belong to it (``producer.writes = ...``)."""
+        self._stamp(self.clock)
+        self._free(alloc)
+        self.span.pop(alloc.id, None)
+        self.born.pop(alloc.id, None)
+
+    def _free(self, alloc) -> bool:
         if alloc is self.pending:
             self.pending = None
         if not alloc.live:
-            return
+            return False
         alloc.live = False
         self.live.pop(alloc.id, None)
         self.refs.pop(alloc.id, None)
@@ -160,42 +172,100 @@ class Memory:
             self.sbuf_live -= alloc.pbytes
         elif alloc.buffer == "psum":
             self.psum_live -= alloc.banks
+        return True
+
+    def _die(self, alloc) -> None:
+        """``alloc`` can no longer be touched: its lifetime is final."""
+        if self._free(alloc):
+            self._stamp(self.clock)
+            self._record(alloc)
+
+    def _record(self, alloc) -> None:
+        first, last = self.span.pop(alloc.id, (-1, -1))
+        born = self.born.pop(alloc.id, self.clock)
+        if first < 0:
+            first = last = born         # never touched: occupies its buffer when allocated
+        key = (alloc.name, alloc.shape, alloc.dtype.name, alloc.file, alloc.line)
+        site = self.sites.setdefault(key, len(self.sites))
+        size = alloc.pbytes if alloc.buffer == "sbuf" else alloc.banks
+        self.dead.append((first, last, size, alloc.buffer == "sbuf", site))
 
     def _dead(self, ref) -> None:
         # weakref callback: the kernel dropped its last reference to the tensor
-        self._unreachable(ref.alloc)
-
-    def _unreachable(self, alloc) -> None:
-        if alloc is self.pending:
-            self.commit()
-        self.release(alloc)
+        self._die(ref.alloc)
 
     def end_iteration(self, loop) -> None:
         """The loop body's iteration ended: its tiles are out of scope."""
-        if self.pending is not None:
-            self.commit()
         for alloc in loop.scope:
             if alloc.live:
-                self.release(alloc)
+                self._die(alloc)
                 alloc.live = None       # out of scope: nkisim.checks flags any later use
         loop.scope.clear()
 
+    # ---- the peak ----
+    def _usage(self, sbuf: bool):
+        """(usage per clock point, lifetimes) of one buffer: point ``2c`` is before the
+        instruction at clock ``c`` writes, ``2c + 1`` after (see the module doc)."""
+        life = np.array([d[:3] + (d[4],) for d in self.dead if d[3] == sbuf],
+                        dtype=np.int64).reshape(-1, 4)
+        n = 2 * (self.clock + 2)
+        use = np.zeros(n + 1, np.int64)
+        if len(life):
+            first, last, size = life[:, 0], life[:, 1], life[:, 2]
+            # before instruction c: live from before (first < c) and needed (c <= last)
+            # after instruction c: written at or before it and needed later, or born at it
+            lo = 2 * first + 1
+            hi = np.where(first < last, 2 * last, 2 * first + 1)   # inclusive
+            np.add.at(use, lo, size)
+            np.add.at(use, hi + 1, -size)
+        return np.cumsum(use[:-1]), life
+
+    def finish(self) -> None:
+        """The kernel ended: every lifetime is final; compute the peaks, check capacity."""
+        if self.finished:
+            return
+        self.finished = True
+        self._stamp(self.clock)
+        for alloc in list(self.live.values()):
+            self._free(alloc)
+            self._record(alloc)
+        run = self.run
+        for sbuf in (True, False):
+            use, life = self._usage(sbuf)
+            peak = int(use.max()) if len(use) else 0
+            if sbuf:
+                self.peak_sbuf = run.trace.peak_sbuf_bytes = peak
+                limit = run.arch.sbuf_usable_bytes
+            else:
+                self.peak_psum = run.trace.peak_psum_banks = peak
+                limit = run.arch.psum_banks
+            if peak <= limit or "capacity" not in run.checks:
+                continue
+            at = int(np.argmax(use))
+            first, last = life[:, 0], life[:, 1]
+            lo = 2 * first + 1
+            hi = np.where(first < last, 2 * last, 2 * first + 1)
+            here = life[(lo <= at) & (at <= hi)]
+            largest = self._largest(here, sbuf)
+            if sbuf:
+                raise nki_error("nkisim_sbuf_overflow", need=peak, limit=limit,
+                                target=run.arch.name, largest=largest)
+            raise nki_error("nkisim_psum_overflow", need=peak, limit=limit, largest=largest)
+
     # ---- reporting ----
-    def _largest(self, buffer, top=5) -> str:
-        """The live tensors of ``buffer``, grouped by allocation site, largest first."""
+    def _largest(self, here, sbuf, top=5) -> str:
+        """The tensors live at the peak, grouped by allocation site, largest first."""
+        names = {v: k for k, v in self.sites.items()}
         groups = {}
-        for a in self.live.values():
-            if a.buffer == buffer:
-                key = (a.name, a.shape, a.dtype.name, a.file, a.line)
-                groups.setdefault(key, []).append(a)
-        size = (lambda a: a.pbytes) if buffer == "sbuf" else (lambda a: a.banks)
-        ranked = sorted(groups.items(), key=lambda kv: sum(size(a) for a in kv[1]),
-                        reverse=True)
+        for _, _, size, site in here.tolist():
+            groups.setdefault(site, []).append(size)
+        ranked = sorted(groups.items(), key=lambda kv: sum(kv[1]), reverse=True)
         parts = []
-        for (name, shape, dtype, file, line), allocs in ranked[:top]:
-            one = size(allocs[0])
-            unit = "B" if buffer == "sbuf" else ("bank" if one == 1 else "banks")
-            n = len(allocs)
+        for site, sizes in ranked[:top]:
+            name, shape, dtype, file, line = names[site]
+            one = sizes[0]
+            unit = "B" if sbuf else ("bank" if one == 1 else "banks")
+            n = len(sizes)
             amount = f"{one} {unit}" if n == 1 else f"{n} tiles x {one} {unit}"
             at = f" ({where(file, line)})" if line else ""
             parts.append(f"`{name}` {shape_str(shape)} {dtype}: {amount}{at}")
@@ -204,8 +274,6 @@ class Memory:
 
     def summary(self) -> dict:
         """Peak usage of the kernel (per partition) against the target's capacity."""
-        if self.pending is not None:
-            self.commit()
         arch = self.run.arch
         return {"peak_sbuf_bytes_per_partition": self.peak_sbuf,
                 "sbuf_usable_bytes_per_partition": arch.sbuf_usable_bytes,

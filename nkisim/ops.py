@@ -201,6 +201,8 @@ def _filled(shape, dtype, value, buffer, name, api):
         run.record("memset", VECTOR, (), (region(t),), dtypes.name(t.dtype), _partitions(t),
                    _free(t), {"inputs": 0, "value": float(value),
                               "all_16bit": t.dtype in dtypes.SIXTEEN_BIT})
+    else:
+        run.memory.filled(t.root)     # holds its value from here on (its lifetime starts)
     return t
 
 
@@ -468,12 +470,17 @@ def _indexed_contig_bytes(t: Tensor) -> int:
 
 def _dma(dst: Tensor, src: Tensor, src_vals, api: str, run, mask=None, accumulate_op=None):
     """Record and perform a DMA transfer (values already read and shaped)."""
+    idx_tiles = index_tiles(src) + index_tiles(dst)
+    if run.taint is not None and accumulate_op is None and not idx_tiles and \
+            src_vals.size == dst.size:
+        # a plain copy: exactly the elements copied from never-written ones are never-written
+        tensor.elementwise_taint(run, src)
     if accumulate_op is not None:
         cur = dtypes.to_f32(read(dst, api, run))
         src_vals = accumulate_op(cur, dtypes.to_f32(src_vals))
     write(dst, src_vals, api, run=run, mask=mask)
     nbytes = dst.size * dst.dtype.itemsize
-    idx = tuple(region(i) for i in index_tiles(src) + index_tiles(dst))   # indirect DMA
+    idx = tuple(region(i) for i in idx_tiles)   # indirect DMA
     run.record("dma_copy", DMA, (region(src),) + idx, (region(dst),), dtypes.name(dst.dtype),
                _partitions(dst) if dst.root.buffer != "hbm" else _partitions(src),
                _free(dst) if dst.root.buffer != "hbm" else _free(src),
@@ -903,15 +910,59 @@ def reduce_axes(t: Tensor, axis, api) -> tuple:
     return axes
 
 
-def reduce_values(opname, v, axes, keepdims):
+_BITVEC_INITIAL = {np.bitwise_and.reduce: -1, np.bitwise_or.reduce: 0, np.bitwise_xor.reduce: 0}
+
+
+def reduce_values(opname, v, axes, keepdims, where=None):
+    """Reduce ``v`` over ``axes``; ``where`` (a bool array of v's shape): only those elements
+    take part (a masked reduction, see :func:`reduce_masks`)."""
     fn = _REDUCE_FN[opname]
     with np.errstate(all="ignore"):
-        if fn in (np.bitwise_and.reduce, np.bitwise_or.reduce, np.bitwise_xor.reduce):
+        if fn in _BITVEC_INITIAL:
             out = v.astype(np.int64)
+            kw = {} if where is None else {"initial": _BITVEC_INITIAL[fn]}
             for a in sorted(axes, reverse=True):
-                out = fn(out, axis=a, keepdims=keepdims)
+                if where is not None:
+                    kw["where"] = where
+                    where = np.logical_or.reduce(where, axis=a, keepdims=keepdims)
+                out = fn(out, axis=a, keepdims=keepdims, **kw)
             return out
-        return fn(v, axis=axes, keepdims=keepdims)
+        if where is None:
+            return fn(v, axis=axes, keepdims=keepdims)
+        kw = {"where": where}
+        if fn is np.max:
+            kw["initial"] = -np.inf
+        elif fn is np.min:
+            kw["initial"] = np.inf
+        return fn(v, axis=axes, keepdims=keepdims, **kw)
+
+
+def reduce_masks(mask, in_shape, axes, out_shape):
+    """``(input mask, output mask)`` of a reduction's ``mask=`` (None: all elements).
+
+    A mask predicates the instruction's index space ("the instruction only processes the
+    masked-in index region", ref §1.12), which for a reduction is its input's: AWS's
+    tutorials/layernorm (v2) masks ``bn_stats`` on the input's free index
+    (``mask=(j * bn_stats_fmax + i_f_bn < F)``, a [1, 512] mask for a [128, 6] result). So a mask
+    that broadcasts to the input shape selects the input elements that take part, and an output
+    element none of whose inputs is masked in is not written (our reading of "only processes");
+    a mask that only fits the output shape masks the output."""
+    if mask is None or isinstance(mask, (bool, np.bool_)):
+        return None, _mask(mask, out_shape)
+    if not isinstance(mask, MaskExpr):
+        raise nki_error("err_unsupported_expression_in_mask")
+    try:
+        m = np.broadcast_to(mask.v, in_shape)
+    except ValueError:
+        return None, _mask(mask, out_shape)
+    if m.all():
+        return None, None
+    done = np.logical_or.reduce(m, axis=tuple(axes), keepdims=True)
+    if done.size == math.prod(out_shape):
+        return m, done.reshape(out_shape)
+    # an output of another shape than the reduced one (bn_stats: 6 values per partition)
+    rows = np.logical_or.reduce(done.reshape(done.shape[0], -1), axis=1)
+    return m, np.broadcast_to(rows.reshape((-1,) + (1,) * (len(out_shape) - 1)), out_shape)
 
 
 def reduced_shape(shape, axes, keepdims):
@@ -934,15 +985,16 @@ def _reduce(name, x, axis, dtype, mask, keepdims):
     v = read(t, name, run).reshape(_tile_shape(t))
     if name not in ("all",):
         v = dtypes.to_f32(v)
-    out = reduce_values(name, v, axes, keepdims)
     shape = reduced_shape(_tile_shape(t), axes, keepdims)
+    in_mask, out_mask = reduce_masks(mask, v.shape, axes, shape)
+    out = reduce_values(name, v, axes, keepdims, where=in_mask)
     out_dt = dtype or (np.dtype(np.float32) if name == "mean" and dtypes.is_int(t.dtype)
                        else (np.dtype(np.bool_) if name == "all" else t.dtype))
     detail = _detail(t)
     detail["alu"] = name
     detail["in_free"] = _free(t)
     return result_tile(run, shape, out_dt, out.reshape(shape), "tensor_reduce", VECTOR, (t,),
-                       detail)
+                       detail, mask=out_mask)
 
 
 def _make_reduce(name):

@@ -21,7 +21,7 @@ import time
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from . import checks, context
+from . import checks, context, dtypes
 from .errors import nki_error
 from .tensor import Tensor, from_numpy, values
 
@@ -91,18 +91,17 @@ def _signature(func):
 
 
 def _launch_grid(grid, name) -> tuple:
-    """``kernel[g0, g1, ...]``: every size a positive int (an ``nl.nc``/``nl.spmd_dim`` is one).
-
-    A zero or negative size launches nothing, so nothing would be returned: nkisim refuses it
-    instead of returning None (real NKI rejects a grid it cannot launch; issue 8)."""
+    """``kernel[g0, g1, ...]``: every size a non-negative int (an ``nl.nc``/``nl.spmd_dim`` is
+    one). A size 0 is an empty grid: no instance runs (see ``simulate``); a negative size is
+    refused (NumPy refuses negative dimensions the same way)."""
     out = []
     for g in grid:
         if isinstance(g, bool) or not isinstance(g, (int, np.integer)):
             raise nki_error("nkisim_invalid_argument", api=f"{name}[...]",
-                            why=f"launch grid sizes must be positive ints, got {g!r}")
-        if int(g) < 1:
+                            why=f"launch grid sizes must be non-negative ints, got {g!r}")
+        if int(g) < 0:
             raise nki_error("nkisim_invalid_argument", api=f"{name}[...]",
-                            why=f"launch grid sizes must be >= 1, got {list(map(int, grid))}")
+                            why=f"launch grid sizes must be >= 0, got {list(map(int, grid))}")
         out.append(int(g))
     return tuple(out)
 
@@ -226,6 +225,19 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
         args = [a.make(i) if isinstance(a, TensorPlaceholder) else a for i, a in enumerate(args)]
         kwargs = {n: a.make(len(args) + j) if isinstance(a, TensorPlaceholder) else a
                   for j, (n, a) in enumerate(kwargs.items())}
+        # An empty launch grid (a size 0, e.g. `kernel[n // 128]` with n < 128) runs no
+        # instance. The kernel is still traced once, as the compiler traces it once for all
+        # instances, to learn its outputs; that trace runs on copies of the arguments and is
+        # then dropped. Nothing writes the outputs: the docs name "a loop never entered" around
+        # the only store (nki.errors.rst, err_tensor_output_not_written_to) as a bug, and what
+        # the device returns then is whatever the buffers held, so nkisim warns and returns
+        # them holding its never-written poison (NaN for floats), as for a partly written
+        # output (nkisim.checks.check_outputs). Launching nothing is not itself an error.
+        empty = bool(k.grid) and min(k.grid) == 0
+        if empty:
+            args = [np.array(a) if isinstance(a, np.ndarray) else a for a in args]
+            kwargs = {n: np.array(a) if isinstance(a, np.ndarray) else a
+                      for n, a in kwargs.items()}
         for i, a in enumerate(args):
             name = sig_names[i] if i < len(sig_names) else f"arg{i}"
             if isinstance(a, np.ndarray) or _is_array_like(a):
@@ -258,6 +270,8 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
         run.grid = grid
         result = None
         ids = itertools.product(*(range(g) for g in grid)) if grid else [()]
+        if empty:
+            ids = [(0,) * len(grid)]
         for pid in ids:
             run.program_ids = tuple(pid)
             run.shared_hbm_cursor = 0
@@ -265,6 +279,8 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
                 run.begin_program(run.program_ids, k.func)
             result = k.func(*wrapped, **kw)
         outs = _flatten(result)
+        if empty:
+            return _empty_grid_outputs(run, k, result)
         if run.rules.outputs_shared_hbm:
             _check_shared_outputs(run, outs)
         for a, t in writeback:
@@ -272,6 +288,7 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
         for name, t in mutables.items():
             if not writable and not any(o.root is t.root for o in outs):
                 raise nki_error("err_mutable_parameter_not_returned", name=name)
+        run.memory.finish()                    # SBUF/PSUM lifetimes: the peak, capacity
         checks.check_outputs(run, outs)        # skips returned (mutable) inputs
         # The checks are done: drop the HBM tensors' write-epoch shadows (an int32 per element),
         # which last_run() would otherwise keep alive through the golden model and comparison
@@ -283,6 +300,22 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
         context.pop()
         errs.__exit__(None, None, None)
         limits.restore_original_limits()
+
+
+def _empty_grid_outputs(run, k, result):
+    """The outputs of a launch over an empty grid: never written (see ``simulate``)."""
+    run.trace.instrs.clear()            # no instance ran: nothing to schedule or cost
+    run.warn(("empty_grid",),
+             f"{k.__name__}{list(k.grid)}: the launch grid is empty, so no instance runs and "
+             "the kernel's outputs are never written (garbage on device; nkisim returns them "
+             "holding NaN/poison)")
+    out = _to_numpy(result)
+    for o in (out if isinstance(out, (tuple, list)) else [out]):
+        if isinstance(o, np.ndarray):
+            o[...] = dtypes.poison(o.dtype)
+    for t in run.shared_hbm:
+        t.root.shadow = t._w = None
+    return out
 
 
 def _check_shared_outputs(run, outs) -> None:

@@ -256,3 +256,61 @@ def test_strict_mode_from_the_environment_the_cli_and_pytest(tmp_path):
     strict = subprocess.run(base + ["--nki-strict"], capture_output=True, text=True,
                             cwd=tmp_path)
     assert strict.returncode == 1 and "strict mode (NKISIM_STRICT=1)" in strict.stdout
+
+
+def test_bn_stats_mask_on_the_input_free_index():
+    """A reduction's mask predicates its input's index space: AWS's tutorials/layernorm (v2)
+    calls `nisa.bn_stats(x[i_p, j * 512 + i_f], mask=(j * 512 + i_f < F))`, a [1, 512] mask for
+    a [128, 6] result. Masked-out elements take no part in the statistics (ref §1.12: the
+    instruction "only processes" the masked-in region)."""
+    F = 700
+
+    def body(a):
+        out = nl.ndarray((128, 12), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.load(a)
+        i_p = nl.arange(128)[:, None]
+        i_f = nl.arange(512)[None, :]
+        stats = nl.ndarray((128, 12), dtype=nl.float32)
+        for j in nl.affine_range(2):
+            stats[i_p, j * 6 + nl.arange(6)[None, :]] = nisa.bn_stats(
+                x[i_p, j * 512 + i_f], mask=(j * 512 + i_f < F), dtype=nl.float32)
+        nl.store(out, stats)
+        return out
+
+    a = rand(128, 1024) * 10
+    got = run(body, a).astype(np.float64)
+    a64 = a.astype(np.float64)
+    for j, chunk in enumerate((a64[:, :512], a64[:, 512:F])):
+        for k, part in enumerate((chunk[:, 0::2], chunk[:, 1::2])):
+            c = j * 6 + 3 * k
+            np.testing.assert_array_equal(got[:, c], part.shape[1])
+            np.testing.assert_allclose(got[:, c + 1], part.mean(axis=1), rtol=1e-5)
+            np.testing.assert_allclose(got[:, c + 2], part.var(axis=1) * part.shape[1],
+                                       rtol=1e-4)
+
+
+@pytest.mark.parametrize("op", ["sum", "max", "mean"])
+def test_reduction_mask_on_the_input_free_index(op):
+    """The same rule for nl reductions and nisa.tensor_reduce: a mask over the reduced (free)
+    index leaves those elements out, a partition mask leaves output rows unwritten (NumPy's
+    reduction of the masked-in elements is the truth)."""
+    def body(a):
+        out = nl.ndarray((128, 2), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.load(a)
+        i_p = nl.arange(128)[:, None]
+        i_f = nl.arange(64)[None, :]
+        r = nl.zeros((128, 2), dtype=nl.float32)
+        r[i_p, 0] = getattr(nl, op)(x[i_p, i_f], axis=1, mask=(i_f < 40))
+        r[i_p, 1] = nisa.tensor_reduce(getattr(np, {"sum": "add", "max": "max",
+                                                    "mean": "add"}[op]),
+                                       x[i_p, i_f], axis=1, mask=(i_p < 100) & (i_f >= 8))
+        nl.store(out, r)
+        return out
+
+    a = rand(128, 64) - 0.5
+    got = run(body, a)
+    want0 = getattr(np, op)(a[:, :40], axis=1)
+    want1 = (np.sum if op in ("sum", "mean") else np.max)(a[:, 8:], axis=1)
+    np.testing.assert_allclose(got[:, 0], want0, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[:100, 1], want1[:100], rtol=1e-5, atol=1e-6)
+    assert (got[100:, 1] == 0).all()           # masked-out rows keep the zeros

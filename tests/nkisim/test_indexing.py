@@ -316,3 +316,60 @@ def test_affine_select_with_mgrid_predicate():
     out = nki.simulate_kernel(kernel, a)
     ref = np.where(np.tril(np.ones((8, 8), bool), -1), a, np.finfo(np.float32).min)
     np.testing.assert_array_equal(out, ref)
+
+
+# ---------------------------------------------------------------------------------------------
+# rectangular index expressions are basic views (nkisim.indexing._as_slices)
+
+
+@pytest.mark.parametrize("make, want", [
+    (lambda i: (i.p, i.x), (slice(0, 8, 1), slice(0, 12, 1))),                          # mgrid
+    (lambda i: (3 + i.p, 2 * i.x + 1), (slice(3, 11, 1), slice(1, 24, 2))),
+    (lambda i: (nl.arange(8)[:, None], nl.arange(12)[None, :]), (slice(0, 8, 1), slice(0, 12, 1))),
+])
+def test_rectangular_index_expressions_select_what_slices_select(make, want):
+    """`t[k * 128 + i.p, i.x]` (AWS's tutorials) picks a rectangle: the same elements in the
+    same order as the slice key (NumPy's advanced indexing is the truth), and nkisim serves it
+    as a view."""
+    from nkisim.indexing import normalize_key
+    i = nl.mgrid[0:8, 0:12]
+    key = make(i)
+    a = np.arange(16 * 24).reshape(16, 24)
+    kind, norm = normalize_key(key, a.shape, "a")
+    assert kind == "basic" and norm == want
+    np.testing.assert_array_equal(a[norm], a[tuple(k.v for k in key)])
+
+
+@pytest.mark.parametrize("make", [
+    lambda i: (i.x, i.p),                         # transposing: partition index on axis 1
+    lambda i: (i.p, i.p),                         # diagonal
+    lambda i: (i.p, i.x * i.x // 8),              # not an arithmetic progression
+    lambda i: (i.p + i.x, i.x),                   # skewed
+    lambda i: (nl.arange(8)[:, None], 5 + 0 * nl.arange(12)[None, :]),
+])
+def test_other_index_expressions_stay_advanced(make):
+    from nkisim.indexing import normalize_key
+    key = make(nl.mgrid[0:8, 0:12])
+    kind, norm = normalize_key(key, (32, 32), "a")
+    assert kind == "advanced"
+    a = np.arange(32 * 32).reshape(32, 32)
+    np.testing.assert_array_equal(a[norm], a[tuple(k.v for k in key)])
+
+
+def test_mgrid_indexed_block_tile_round_trip():
+    """AWS's matmul tutorial (hoist_load) stores loads into `tiles[k, i.p, i.x]` of a block
+    tile and reads them back the same way: values as NumPy computes them."""
+    a = RNG.random((256, 64), dtype=np.float32)
+
+    @nki.jit
+    def kernel(a):
+        out = hbm_out((256, 64))
+        i = nl.mgrid[0:128, 0:64]
+        tiles = nl.ndarray((2, nl.par_dim(128), 64), dtype=nl.float32, buffer=nl.sbuf)
+        for k in nl.affine_range(2):
+            tiles[k, i.p, i.x] = nl.load(a[k * 128 + i.p, i.x])
+        for k in nl.affine_range(2):
+            nl.store(out[k * 128 + i.p, i.x], value=nl.multiply(tiles[k, i.p, i.x], 2.0))
+        return out
+
+    np.testing.assert_array_equal(nki.simulate_kernel(kernel, a), 2 * a)

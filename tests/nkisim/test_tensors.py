@@ -106,12 +106,14 @@ def test_ndarray_is_poisoned_and_read_raises_naming_tensor_and_region():
         nl.store(out, t)
         return out
 
-    with pytest.raises(ValueError) as ei:
-        nki.simulate_kernel(kernel, a)
-    assert ei.value.nki_code == "nkisim_uninitialized_read"
-    assert re.fullmatch(
+    # part of the output is garbage: a warning naming the read (nkisim.checks.check_outputs)
+    with pytest.warns(NKIWarning) as ws:
+        out = nki.simulate_kernel(kernel, a)
+    assert re.search(
         r"read of uninitialized memory: 'store' at test_tensors\.py:\d+ reads "
-        r"`t\[3:8, 10:16\]` \(30 of 128 elements never written\)\.", str(ei.value)), str(ei.value)
+        r"`t\[3:8, 10:16\]` \(30 of 128 elements never written\)\.", str(ws[0].message)), \
+        str(ws[0].message)
+    assert np.isnan(out[3:8, 10:16]).all() and np.array_equal(out[3:8, 0:10], a[3:8, 0:10])
 
 
 def test_ndarray_poison_values_nan_for_floats_sentinel_for_ints():
