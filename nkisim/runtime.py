@@ -21,7 +21,7 @@ import time
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from . import checks, context, dtypes
+from . import checks, context
 from .errors import nki_error
 from .tensor import Tensor, from_numpy, values
 
@@ -91,17 +91,17 @@ def _signature(func):
 
 
 def _launch_grid(grid, name) -> tuple:
-    """``kernel[g0, g1, ...]``: every size a non-negative int (an ``nl.nc``/``nl.spmd_dim`` is
-    one). A size 0 is an empty grid: no instance runs (see ``simulate``); a negative size is
-    refused (NumPy refuses negative dimensions the same way)."""
+    """``kernel[g0, g1, ...]``: every size a positive int (an ``nl.nc``/``nl.spmd_dim`` is one).
+    An empty grid (``kernel[0]``) raises: issue 8 ("`kernel[0]` must raise, not return None",
+    the old simulator's silent None hid the bug of a grid computed as ``n // 128`` with n < 128)."""
     out = []
     for g in grid:
         if isinstance(g, bool) or not isinstance(g, (int, np.integer)):
             raise nki_error("nkisim_invalid_argument", api=f"{name}[...]",
-                            why=f"launch grid sizes must be non-negative ints, got {g!r}")
-        if int(g) < 0:
+                            why=f"launch grid sizes must be positive ints, got {g!r}")
+        if int(g) < 1:
             raise nki_error("nkisim_invalid_argument", api=f"{name}[...]",
-                            why=f"launch grid sizes must be >= 0, got {list(map(int, grid))}")
+                            why=f"launch grid sizes must be >= 1, got {list(map(int, grid))}")
         out.append(int(g))
     return tuple(out)
 
@@ -225,19 +225,6 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
         args = [a.make(i) if isinstance(a, TensorPlaceholder) else a for i, a in enumerate(args)]
         kwargs = {n: a.make(len(args) + j) if isinstance(a, TensorPlaceholder) else a
                   for j, (n, a) in enumerate(kwargs.items())}
-        # An empty launch grid (a size 0, e.g. `kernel[n // 128]` with n < 128) runs no
-        # instance. The kernel is still traced once, as the compiler traces it once for all
-        # instances, to learn its outputs; that trace runs on copies of the arguments and is
-        # then dropped. Nothing writes the outputs: the docs name "a loop never entered" around
-        # the only store (nki.errors.rst, err_tensor_output_not_written_to) as a bug, and what
-        # the device returns then is whatever the buffers held, so nkisim warns and returns
-        # them holding its never-written poison (NaN for floats), as for a partly written
-        # output (nkisim.checks.check_outputs). Launching nothing is not itself an error.
-        empty = bool(k.grid) and min(k.grid) == 0
-        if empty:
-            args = [np.array(a) if isinstance(a, np.ndarray) else a for a in args]
-            kwargs = {n: np.array(a) if isinstance(a, np.ndarray) else a
-                      for n, a in kwargs.items()}
         for i, a in enumerate(args):
             name = sig_names[i] if i < len(sig_names) else f"arg{i}"
             if isinstance(a, np.ndarray) or _is_array_like(a):
@@ -270,8 +257,6 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
         run.grid = grid
         result = None
         ids = itertools.product(*(range(g) for g in grid)) if grid else [()]
-        if empty:
-            ids = [(0,) * len(grid)]
         for pid in ids:
             run.program_ids = tuple(pid)
             run.shared_hbm_cursor = 0
@@ -279,8 +264,6 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
                 run.begin_program(run.program_ids, k.func)
             result = k.func(*wrapped, **kw)
         outs = _flatten(result)
-        if empty:
-            return _empty_grid_outputs(run, k, result)
         if run.rules.outputs_shared_hbm:
             _check_shared_outputs(run, outs)
         for a, t in writeback:
@@ -300,22 +283,6 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
         context.pop()
         errs.__exit__(None, None, None)
         limits.restore_original_limits()
-
-
-def _empty_grid_outputs(run, k, result):
-    """The outputs of a launch over an empty grid: never written (see ``simulate``)."""
-    run.trace.instrs.clear()            # no instance ran: nothing to schedule or cost
-    run.warn(("empty_grid",),
-             f"{k.__name__}{list(k.grid)}: the launch grid is empty, so no instance runs and "
-             "the kernel's outputs are never written (garbage on device; nkisim returns them "
-             "holding NaN/poison)")
-    out = _to_numpy(result)
-    for o in (out if isinstance(out, (tuple, list)) else [out]):
-        if isinstance(o, np.ndarray):
-            o[...] = dtypes.poison(o.dtype)
-    for t in run.shared_hbm:
-        t.root.shadow = t._w = None
-    return out
 
 
 def _check_shared_outputs(run, outs) -> None:

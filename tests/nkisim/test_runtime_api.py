@@ -11,10 +11,8 @@ import inspect
 import numpy as np
 import pytest
 
-from nkisim import NKIWarning
 from nkisim import beta1 as nki
 from nkisim.beta1 import language as nl
-from nkisim.runtime import last_run
 
 RNG = np.random.default_rng(8)
 
@@ -86,7 +84,7 @@ def test_jit_kernel_keeps_its_signature_but_is_not_a_plain_function():
 
 
 # ---------------------------------------------------------------------------------------------
-# launch grids: kernel[0] runs no instance; nl.nc and nl.spmd_dim
+# launch grids: kernel[0] raises; nl.nc and nl.spmd_dim
 
 
 @nki.jit
@@ -97,38 +95,16 @@ def _row_blocks(a):
     return out
 
 
-@pytest.mark.parametrize("grid", [0, (2, 0)])
-def test_empty_launch_grid_runs_nothing_and_returns_unwritten_outputs(grid):
-    """An empty grid (`kernel[n // 128]` with n < 128) launches no instance: not an error, but
-    the outputs are never written (the docs' dead-loop case of err_tensor_output_not_written_to,
-    nki.errors.rst): a warning, outputs of the traced shape holding NaN, no instruction."""
+@pytest.mark.parametrize("grid", [0, -1, (2, 0)])
+def test_empty_launch_grid_raises_instead_of_returning_none(grid):
+    """Issue 8: `kernel[0]` must raise, not return None (the old simulator's silent None)."""
     a = rand((128, 8))
-    with pytest.warns(NKIWarning, match="launch grid is empty"):
-        out = _row_blocks[grid](a)
-    assert out.shape == a.shape and out.dtype == a.dtype and np.isnan(out).all()
-    assert last_run().trace.instrs == []
-
-
-def test_empty_launch_grid_leaves_the_arguments_alone():
-    @nki.trace
-    def k(a, b):
-        nl.store(b, nl.load(a))
-
-    a, b = rand((128, 8)), np.zeros((128, 8), np.float32)
-    with pytest.warns(NKIWarning, match="launch grid is empty"):
-        nki.simulate_kernel(k[0], a, b)
-    assert (b == 0).all()
-
-
-@pytest.mark.parametrize("grid", [-1, (2, -3)])
-def test_negative_launch_grid_raises(grid):
-    a = rand((128, 8))
-    with pytest.raises(ValueError, match="launch grid sizes must be >= 0"):
+    with pytest.raises(ValueError, match="launch grid sizes must be >= 1"):
         _row_blocks[grid](a)
 
 
 def test_launch_grid_rejects_non_int_sizes():
-    with pytest.raises(ValueError, match="non-negative ints"):
+    with pytest.raises(ValueError, match="positive ints"):
         _row_blocks[2.0]
 
 
