@@ -624,8 +624,13 @@ def nki_library_tests(root: str, args) -> dict:
            "_nkisim_conformance_plugin", "--co", "-q", f"--rootdir={root}",
            "--continue-on-collection-errors", os.path.join("test", "integration"),
            *NKI_LIBRARY_ARGS]
-    proc = subprocess.run(cmd, cwd=root, env=_env([*path, plug]), capture_output=True,
-                          text=True, timeout=max(args.timeout, 1200))
+    try:
+        proc = subprocess.run(cmd, cwd=root, env=_env([*path, plug]), capture_output=True,
+                              text=True, timeout=max(args.timeout, 1200))
+    except subprocess.TimeoutExpired:
+        return {"(collection)": FileResult("(collection)", errors=[
+            ("(collection)", f"pytest --co of test/integration did not finish in "
+                             f"{max(args.timeout, 1200):.0f} s (raise --timeout)")])}
     by_file: dict = {}
     for ln in proc.stdout.splitlines():
         ln = ln.strip()
@@ -633,6 +638,14 @@ def nki_library_tests(root: str, args) -> dict:
             by_file.setdefault(ln.split("::")[0], []).append(ln)
     broken = sorted({ln.split()[1] for ln in proc.stdout.splitlines()
                      if ln.startswith("ERROR test/")})
+    if not by_file:
+        # nothing collected: say why instead of printing 0/0 (a collection that timed out or
+        # crashed, e.g. a missing dependency of the harness)
+        why = _first_line(proc.stderr) or _first_line(proc.stdout.splitlines()[-1]
+                                                      if proc.stdout.strip() else "")
+        return {"(collection)": FileResult("(collection)", errors=[
+            ("(collection)", f"pytest --co of test/integration collected no test (exit "
+                             f"{proc.returncode}): {why or 'no output'}")])}
     chosen, counts = [], {}
     for f, ids in sorted(by_file.items()):
         ids = [i for i in ids if not any(p in i for p in LARGE_SHAPE_PATTERNS)]
