@@ -76,3 +76,27 @@ def _plan(n_ci, n_co, in_w, k, out_h, pw, pool, itemsize, fixed_bytes):
     m_target = -(-target_rows // unit)
     band = unit * max(1, min(m_fit, m_target, out_h // unit))
     return rows, band
+
+
+def _schedule(X, W, bias, pool):
+    """(rows, band, n_pairs, rest_c, rest_d) of a valid call (see ``_check_args``): output rows
+    per PSUM tile, output rows per band, the pairs of full bands (two buffer sets: the load of
+    one overlaps the compute of the other) and up to two shorter bands for the remaining rows.
+    Raises ValueError when the resident weights do not fit the SBUF budget."""
+    _, c_in, in_h, in_w = X.shape
+    c_out, _, k, _ = W.shape
+    out_h, out_w = in_h - k + 1, in_w - k + 1
+    n_ci, n_co = c_in // PMAX, c_out // PMAX
+    taps = k * k
+    # SBUF per partition: the resident W^T, two natural W blocks while transposing, the bias
+    resident = n_ci * taps * c_out * X.itemsize + n_co * (4 + bias.itemsize)
+    staging = 2 * c_in * taps * W.itemsize
+    if resident + staging > SBUF_BUDGET:
+        raise ValueError(f"the weights do not fit in SBUF: W^T needs {resident} bytes per "
+                         f"partition plus {staging} to stage two C_out tiles, more than the "
+                         f"{SBUF_BUDGET}-byte budget")
+    rows, band = _plan(n_ci, n_co, in_w, k, out_h, out_w // pool, pool, X.itemsize, resident)
+    n_pairs = out_h // (2 * band)
+    rest = out_h - 2 * band * n_pairs
+    rest_c = min(band, rest)
+    return rows, band, n_pairs, rest_c, rest - rest_c

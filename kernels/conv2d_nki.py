@@ -26,9 +26,8 @@ import nki.language as nl
 from nkiverify.kernels.conv2d_common import (
     PMAX,
     PSUM_BANK_BYTES,
-    SBUF_BUDGET,
     _check_args,
-    _plan,
+    _schedule,
 )
 
 
@@ -41,29 +40,16 @@ def fused_conv2d_maxpool(X, W, bias, pool_size=1):
     out_h, out_w = in_h - k + 1, in_w - k + 1
     ph, pw = out_h // pool, out_w // pool
     n_ci, n_co = c_in // PMAX, c_out // PMAX
-    taps = k * k
 
     X_out = nl.ndarray((batch, c_out, ph, pw), dtype=X.dtype, buffer=nl.shared_hbm)
 
-    # SBUF per partition: the resident W^T, two natural W blocks while transposing, the bias
-    resident = n_ci * taps * c_out * X.itemsize + n_co * (4 + bias.itemsize)
-    staging = 2 * c_in * taps * W.itemsize
-    if resident + staging > SBUF_BUDGET:
-        raise ValueError(f"the weights do not fit in SBUF: W^T needs {resident} bytes per "
-                         f"partition plus {staging} to stage two C_out tiles, more than the "
-                         f"{SBUF_BUDGET}-byte budget")
-    rows, band = _plan(n_ci, n_co, in_w, k, out_h, pw, pool, X.itemsize, resident)
+    rows, band, n_pairs, rest_c, rest_d = _schedule(X, W, bias, pool)
 
     bias_sb = _load_bias(bias, n_co)
     wT = _load_weights(W, X.dtype, n_ci, n_co, k)
 
-    # bands of `band` output rows, in pairs (two buffer sets: load of one overlaps compute of
-    # the other), then up to two shorter bands for the remaining rows
+    # the pairs of full bands, then the shorter bands of the remaining rows (_schedule)
     pband = band // pool
-    n_pairs = out_h // (2 * band)
-    rest = out_h - 2 * band * n_pairs
-    rest_c = min(band, rest)
-    rest_d = rest - rest_c
     for b in range(batch):
         if n_pairs:
             for bp in range(n_pairs):

@@ -16,6 +16,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from kernels import conv2d as conv_module  # noqa: E402
+from kernels import conv2d_common  # noqa: E402
 from kernels.conv2d import fused_conv2d_maxpool  # noqa: E402
 
 # tests without a dtype parameter run float32 inputs (for --nki-dtypes / tox -e fp16)
@@ -195,13 +196,8 @@ def test_harness_style_baremetal_call():
 # --- the kernel's internal paths ----------------------------------------------------------------
 
 def _band_plan(X, W, pool):
-    """The kernel's (rows per PSUM tile, rows per band) for these operands."""
-    B, c_in, h, w = X.shape
-    c_out, _, k, _ = W.shape
-    isz = X.dtype.itemsize
-    resident = (c_in // 128) * k * k * c_out * isz + (c_out // 128) * (4 + isz)
-    return conv_module._plan(c_in // 128, c_out // 128, w, k, h - k + 1, (w - k + 1) // pool,
-                             pool, isz, resident)
+    """The kernel's (rows per PSUM tile, rows per band) for these operands (bias in X's dtype)."""
+    return conv2d_common._schedule(X, W, np.zeros(W.shape[0], X.dtype), pool)[:2]
 
 
 @pytest.mark.parametrize("h,w,pool", [(48, 132, 1), (64, 106, 2)])
