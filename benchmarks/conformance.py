@@ -762,36 +762,24 @@ def main(argv=None) -> int:
         d = getattr(args, opt)
         if d and not os.path.isdir(d):
             p.error(f"--{opt.replace('_', '-')}: no such directory: {d}")
+    runs = [   # (label in the last line, checkout or None, section title, runner)
+        ("nki-samples", args.nki_samples, "nki-samples test/unit --simulation-only",
+         nki_samples_tests),
+        ("sdk-tests", args.sdk, "aws-neuron-sdk nki/test", sdk_tests),
+        ("tutorials", args.nki_samples if args.tutorials else None,
+         "nki-samples tutorials (no torch/jax)", tutorials),
+        ("nki-samples-head", args.nki_samples_head,
+         "nki-samples HEAD test/unit --simulation-only", nki_samples_head_tests),
+        ("nki-library", args.nki_library, "nki-library test/integration --test-mode simulation",
+         nki_library_tests),
+    ]
     parts = []
-    if args.nki_samples:
-        a, n = report("nki-samples test/unit --simulation-only",
-                      nki_samples_tests(os.path.abspath(args.nki_samples), args))
-        parts.append(f"nki-samples {a}/{n}")
-    else:
-        parts.append("nki-samples -/-")
-    if args.sdk:
-        b, m = report("aws-neuron-sdk nki/test", sdk_tests(os.path.abspath(args.sdk), args))
-        parts.append(f"sdk-tests {b}/{m}")
-    else:
-        parts.append("sdk-tests -/-")
-    if args.nki_samples and args.tutorials:
-        c, d = report("nki-samples tutorials (no torch/jax)",
-                      tutorials(os.path.abspath(args.nki_samples), args))
-        parts.append(f"tutorials {c}/{d}")
-    else:
-        parts.append("tutorials -/-")
-    if args.nki_samples_head:
-        e, f = report("nki-samples HEAD test/unit --simulation-only",
-                      nki_samples_head_tests(os.path.abspath(args.nki_samples_head), args))
-        parts.append(f"nki-samples-head {e}/{f}")
-    else:
-        parts.append("nki-samples-head -/-")
-    if args.nki_library:
-        g, h = report("nki-library test/integration --test-mode simulation",
-                      nki_library_tests(os.path.abspath(args.nki_library), args))
-        parts.append(f"nki-library {g}/{h}")
-    else:
-        parts.append("nki-library -/-")
+    for label, root, title, run in runs:
+        if root:
+            passed, total = report(title, run(os.path.abspath(root), args))
+            parts.append(f"{label} {passed}/{total}")
+        else:
+            parts.append(f"{label} -/-")
     print("conformance: " + " ".join(parts))
     return 0
 
