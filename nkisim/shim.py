@@ -50,43 +50,44 @@ def _namespace(fullname: str) -> str:
     return fullname.split(".", 1)[0]
 
 
-def real_neuronxcc_available() -> bool:
-    """True when a real neuronx-cc (not the PyPI placeholder, not this shim) is importable:
-    some other finder knows a ``neuronxcc`` package that has an ``nki`` subpackage."""
+def _real_spec(name: str):
+    """The spec some finder other than this shim's gives ``name`` (a real package), or None."""
     for finder in sys.meta_path:
         if isinstance(finder, _Finder) or not hasattr(finder, "find_spec"):
             continue
         try:
-            spec = finder.find_spec("neuronxcc", None)
+            spec = finder.find_spec(name, None)
         except Exception:
             spec = None
         if spec is not None:
-            locs = spec.submodule_search_locations or []
-            return any(os.path.isdir(os.path.join(p, "nki")) for p in locs)
-    return False
+            return spec
+    return None
+
+
+def _contents(spec) -> set:
+    """The module and subpackage names directly inside a package (``isa`` for isa/ or isa.py)."""
+    names = set()
+    for p in (spec.submodule_search_locations or []) if spec is not None else []:
+        try:
+            names |= {n.split(".")[0] for n in os.listdir(p)}
+        except OSError:
+            continue
+    return names
+
+
+def real_neuronxcc_available() -> bool:
+    """True when a real neuronx-cc (not the PyPI placeholder, not this shim) is importable:
+    some other finder knows a ``neuronxcc`` package that has an ``nki`` subpackage."""
+    spec = _real_spec("neuronxcc")
+    locs = (spec.submodule_search_locations or []) if spec is not None else []
+    return any(os.path.isdir(os.path.join(p, "nki")) for p in locs)
 
 
 def real_nki_available() -> bool:
     """True when a real ``nki`` (not the PyPI placeholder, not this shim) is importable: some
     other finder knows an ``nki`` package that has ``language`` and ``isa`` in it (the
     placeholder wheel holds only an ``__init__.py`` that raises ImportError)."""
-    for finder in sys.meta_path:
-        if isinstance(finder, _Finder) or not hasattr(finder, "find_spec"):
-            continue
-        try:
-            spec = finder.find_spec("nki", None)
-        except Exception:
-            spec = None
-        if spec is not None:
-            for p in spec.submodule_search_locations or []:
-                try:
-                    names = {n.split(".")[0] for n in os.listdir(p)}
-                except OSError:
-                    continue
-                if {"language", "isa"} <= names:
-                    return True
-            return False
-    return False
+    return {"language", "isa"} <= _contents(_real_spec("nki"))
 
 
 class _Loader(importlib.abc.Loader):

@@ -100,23 +100,9 @@ def _dist_version(name: str) -> str | None:
 def real_nki_available() -> bool:
     """True when ``import nki`` can give AWS's real package (not nkisim's shim, not the PyPI
     ``nki`` 0.0.1 placeholder, whose ``nki/__init__.py`` only raises "WRONG PACKAGE",
-    nki-current §3): some finder other than the shim's knows an ``nki`` package with an ``isa``
-    subpackage."""
+    nki-current §3)."""
     from nkisim import shim
-    own = tuple(f for f in (getattr(shim, "_finder", None),) if f is not None)
-    for finder in sys.meta_path:
-        if finder in own or not hasattr(finder, "find_spec") or \
-                type(finder).__module__.startswith("nkisim"):
-            continue
-        try:
-            spec = finder.find_spec("nki", None)
-        except Exception:
-            spec = None
-        if spec is not None:
-            locs = spec.submodule_search_locations or []
-            return any(os.path.isdir(os.path.join(p, "isa")) or
-                       os.path.isfile(os.path.join(p, "isa.py")) for p in locs)
-    return False
+    return shim.real_nki_available()
 
 
 def sdk_versions() -> dict:
