@@ -59,6 +59,7 @@ examples); choose with ``--hypothesis-profile``.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import asdict
 
 import pytest
@@ -72,25 +73,57 @@ _SAVED_KERNELS = pytest.StashKey[dict]()
 _COLLECTOR = "nkiverify-report-collector"
 PROFILES = ("nki-ci", "nki-dev", "nki-thorough")
 
-try:
-    from hypothesis import HealthCheck, settings
-except ImportError:  # pragma: no cover - hypothesis is in the test extra
-    settings = None
-else:
-    # Registering a profile changes nothing until it is loaded; only opted-in sessions load one.
-    # function_scoped_fixture: the nki fixtures (backend, recorder) hold no per-example state,
-    # so `@given` tests may request them (the README recipe).
-    _OK = [HealthCheck.too_slow, HealthCheck.data_too_large,
-           HealthCheck.function_scoped_fixture]
-    settings.register_profile("nki-ci", derandomize=True, max_examples=10, deadline=None,
-                              suppress_health_check=_OK, print_blob=True)
-    settings.register_profile("nki-dev", max_examples=20, deadline=None,
-                              suppress_health_check=_OK)
-    settings.register_profile("nki-thorough", max_examples=200, deadline=None,
-                              suppress_health_check=_OK)
-    # hypothesis loads "default" (or its own "ci" when $CI is set) at import; a project that
-    # loads another profile (its conftest) changes it, and then we leave it alone
-    _INITIAL_PROFILE = getattr(settings, "_current_profile", None)
+# hypothesis is imported only where it is used: an opted-in session (to load our profile), a
+# session naming one of our profiles, or one whose tests import it. Importing it costs every
+# pytest process (xdist workers, the sessions tests start) about 1 s of CPU where bytecode is
+# not cached (see _stop_rewriting), and a project that did not opt in pays nothing.
+_INITIAL_PROFILES = ("default", "ci")    # what hypothesis itself loads at import ($CI: "ci")
+_REGISTERED = False
+
+
+def _hypothesis():
+    """``(settings, HealthCheck)`` with our profiles registered, or ``(None, None)`` without
+    hypothesis.
+
+    Registering a profile changes nothing until it is loaded; only opted-in sessions load one.
+    function_scoped_fixture: the nki fixtures (backend, recorder) hold no per-example state,
+    so `@given` tests may request them (the README recipe)."""
+    try:
+        from hypothesis import HealthCheck, settings
+    except ImportError:  # pragma: no cover - hypothesis is in the test extra
+        return None, None
+    global _REGISTERED
+    if not _REGISTERED:
+        _REGISTERED = True
+        ok = [HealthCheck.too_slow, HealthCheck.data_too_large,
+              HealthCheck.function_scoped_fixture]
+        settings.register_profile("nki-ci", derandomize=True, max_examples=10, deadline=None,
+                                  suppress_health_check=ok, print_blob=True)
+        settings.register_profile("nki-dev", max_examples=20, deadline=None,
+                                  suppress_health_check=ok)
+        settings.register_profile("nki-thorough", max_examples=200, deadline=None,
+                                  suppress_health_check=ok)
+    return settings, HealthCheck
+
+
+# Assertion rewriting. pytest rewrites the asserts of every module of a distribution that has a
+# pytest11 entry point: all of nkisim and nkiverify (ours), all of hypothesis. None of those
+# modules has an assert that rewriting would explain (nkisim and nkiverify have none), and
+# where bytecode is not cached (PYTHONDONTWRITEBYTECODE=1, a read-only site-packages) every
+# pytest process pays it again: measured on the 2-core machine (issue 12), a session that
+# simulates one kernel took 2.6 s of CPU, 1.1 s without rewriting; hypothesis alone 0.7 s.
+# So our own packages are never rewritten, and hypothesis is not where we import it ourselves
+# (opted-in sessions); a project's test files and conftests are rewritten as always.
+_OWN_PACKAGES = ("nkisim", "nkiverify")
+_HYPOTHESIS_MODULES = ("hypothesis", "_hypothesis_globals", "_hypothesis_ftz_detector")
+
+
+def _stop_rewriting(pluginmanager, names) -> None:
+    # pytest keeps the marked names in a private set: where it has none, nothing changes
+    marked = getattr(getattr(pluginmanager, "rewrite_hook", None), "_must_rewrite", None)
+    if isinstance(marked, set):
+        marked.difference_update(names)
+
 
 _OPTIONS = ("nki_kernel", "nki_backend", "nki_target", "nki_dtypes", "nki_report", "nki_strict",
             "nki_contract", "nki_dialect")
@@ -103,7 +136,8 @@ _MARKERS = {
 }
 
 
-def pytest_addoption(parser):
+def pytest_addoption(parser, pluginmanager):
+    _stop_rewriting(pluginmanager, _OWN_PACKAGES)     # before anything imports them
     parser.addini("nki_verify", type="bool", default=False,
                   help="opt this project into the nkiverify plugin (profiles, shim, markers)")
     group = parser.getgroup("nkiverify", "NKI kernel verification (nkiverify)")
@@ -166,10 +200,6 @@ def _register_markers(config, names=("simulate", "device", "slow")):
             config.addinivalue_line("markers", _MARKERS[name])
 
 
-def _current_profile() -> str | None:
-    return getattr(settings, "_current_profile", None)
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
     for line in (
@@ -185,6 +215,8 @@ def pytest_configure(config):
     if not _is_worker(config):
         config.pluginmanager.register(_Collector(config.stash[_REPORT]), _COLLECTOR)
     config.stash[_OPTED_IN] = opted_in(config)
+    if config.getoption("hypothesis_profile", None) in PROFILES:
+        _hypothesis()       # registered before hypothesis's own plugin loads the profile
     if not config.stash[_OPTED_IN]:
         return
 
@@ -213,9 +245,13 @@ def pytest_configure(config):
     shim.install()          # serves neuronxcc.nki and nki where the real packages are absent
 
     # Our profile only where the project has not chosen one (its conftest's load_profile, or
-    # --hypothesis-profile, wins).
+    # --hypothesis-profile, wins). hypothesis loads "default" (or its own "ci" when $CI is
+    # set) at import; a project that loads another profile changes it, and then we leave it.
+    if "hypothesis" not in sys.modules:
+        _stop_rewriting(config.pluginmanager, _HYPOTHESIS_MODULES)
+    settings, _ = _hypothesis()
     if settings is not None and not config.getoption("hypothesis_profile", None) and \
-            _current_profile() in (None, "default", _INITIAL_PROFILE):
+            getattr(settings, "_current_profile", None) in (None, *_INITIAL_PROFILES):
         settings.load_profile("nki-ci" if os.environ.get("CI") else "nki-dev")
 
     # One BLAS thread per xdist worker (workers inherit this environment when they start, after
@@ -388,6 +424,9 @@ def _let_given_tests_use_nki_fixtures(items) -> None:
     state (a backend, a recorder that replaces a replayed case's record), so that check is
     suppressed for exactly those tests (when every function-scoped fixture they request is
     ours), whatever the project's hypothesis profile."""
+    if "hypothesis" not in sys.modules:     # no test module uses it
+        return
+    settings, HealthCheck = _hypothesis()
     if settings is None:
         return
     for item in items:
