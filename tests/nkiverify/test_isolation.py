@@ -133,12 +133,12 @@ def _session(project, *args):
 
 @pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["serial", "xdist"])
 def test_the_plugin_is_inert_where_not_asked(tmp_path, xdist):
+    # What a session without the plugin (-p no:nkiverify) gives is known exactly: the six
+    # tests pass and nothing else is reported, the environment has no BLAS variables, the
+    # project registers none of our markers (xdist workers' prints are not shown).
     project = _throwaway(tmp_path)
-    with_plugin = _session(project, *xdist)
-    without = _session(project, "-p", "no:nkiverify", *xdist)
-    assert with_plugin == without
-    code, lines, summary = with_plugin
-    assert code == 0 and "6 passed" in summary
+    code, lines, summary = _session(project, *xdist)
+    assert (code, summary) == (0, "6 passed")
     if not xdist:
         assert lines == ["ENV {'OPENBLAS_NUM_THREADS': None, 'OMP_NUM_THREADS': None, "
                          "'MKL_NUM_THREADS': None}", "MARKERS []"]

@@ -262,6 +262,8 @@ def test_hypothesis_profiles(pytester, monkeypatch, env, args, expected):
 
 
 def test_report_is_collected_from_xdist_workers(pytester, tmp_path):
+    # also the end-to-end check of the default scheduler: `-n 2` alone in an opted-in session
+    # (--nki-report opts in) runs under worksteal (test_xdist_defaults_to_worksteal_...)
     pytester.makepyfile("""
         import numpy as np
         import pytest
@@ -272,8 +274,9 @@ def test_report_is_collected_from_xdist_workers(pytester, tmp_path):
             nki_check("par", f"case{i}", "float32", x, x.astype(np.float64))
     """)
     path = tmp_path / "x.json"
-    result = pytester.runpytest_subprocess("-n", "2", "--nki-report", str(path), "-p",
+    result = pytester.runpytest_subprocess("-n", "2", "-v", "--nki-report", str(path), "-p",
                                            "no:cacheprovider")
+    result.stdout.fnmatch_lines(["*scheduling tests via WorkStealingScheduling*"])
     result.assert_outcomes(passed=6, skipped=6)
     data = json.loads(path.read_text())
     assert sorted(c["case_id"] for c in data["cases"]) == [f"case{i}" for i in range(6)]
@@ -300,10 +303,22 @@ def test_twins_share_an_xdist_worker_under_loadgroup(pytester):
                if "simulated twin failed" in line) == 4
 
 
-def test_xdist_defaults_to_worksteal_with_slow_cases_first(pytester):
+DIST_CONFTEST = """
+def pytest_collection_finish(session):
+    print("DIST", session.config.option.dist)
+"""
+
+
+def test_xdist_defaults_to_worksteal_with_slow_cases_first(pytester, monkeypatch):
     # `-n 2` alone: worksteal (an idle worker takes a busy one's pending tests); an explicit
     # --dist is kept. Slow cases are collected first, twins still adjacent (opted-in projects).
+    # xdist starts no workers under --collect-only but reads the same `dist` option it
+    # schedules by, so these sessions run in this process; test_report_is_collected_from_
+    # xdist_workers sees xdist actually schedule via WorkStealingScheduling.
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)    # restored after the in-process sessions
     pytester.makeini(OPT_IN)
+    pytester.makeconftest(DIST_CONFTEST)
     pytester.makepyfile("""
         import pytest
 
@@ -314,13 +329,11 @@ def test_xdist_defaults_to_worksteal_with_slow_cases_first(pytester):
         def test_k(x, nki_backend):
             pass
     """)
-    # one worker is enough to see the scheduler xdist picks (and cheaper than two)
-    result = pytester.runpytest_subprocess("-n", "1", "-v", "-p", "no:cacheprovider")
-    result.stdout.fnmatch_lines(["*scheduling tests via WorkStealingScheduling*"])
-    result.assert_outcomes(passed=3, skipped=2)
-    explicit = pytester.runpytest_subprocess("-n", "1", "--dist", "load", "-v",
-                                             "-p", "no:cacheprovider")
-    explicit.stdout.fnmatch_lines(["*scheduling tests via LoadScheduling*"])
+    assert "DIST worksteal" in pytester.runpytest("-n", "2", "--collect-only", "-q").outlines
+    for dist in ("load", "loadscope"):
+        explicit = pytester.runpytest("-n", "2", "--dist", dist, "--collect-only", "-q")
+        assert f"DIST {dist}" in explicit.outlines
+    assert "DIST no" in pytester.runpytest("--collect-only", "-q").outlines
     order = pytester.runpytest("--collect-only", "-q").outlines
     assert [line for line in order if "::" in line] == [
         "test_xdist_defaults_to_worksteal_with_slow_cases_first.py::test_k[2-simulate]",

@@ -42,7 +42,7 @@ def test_nki_verify_takes_a_kernel_object_or_a_path(pytester):
         def test_reference(nki_verify):
             nki_verify("naive=bad_kernels.py:forgets_b", {"n": 64}, "float32")
     """)
-    result = pytester.runpytest_subprocess("-m", "simulate", "-p", "no:cacheprovider")
+    result = pytester.runpytest("-m", "simulate", "-p", "no:cacheprovider")
     result.assert_outcomes(passed=1, failed=2, deselected=3)
     out = result.stdout.str()
     assert "forgets_b" in out and "beyond tolerance" in out
@@ -65,12 +65,12 @@ def test_nki_kernel_option_replaces_the_family_in_shipped_style_tests(pytester):
         def test_naive(nki_verify):
             nki_verify("naive", {"n": 64}, "float32")
     """)
-    ours = pytester.runpytest_subprocess("-m", "simulate", "-p", "no:cacheprovider")
+    ours = pytester.runpytest("-m", "simulate", "-p", "no:cacheprovider")
     ours.assert_outcomes(passed=1, deselected=1)
-    theirs = pytester.runpytest_subprocess("-m", "simulate", "-p", "no:cacheprovider",
+    theirs = pytester.runpytest("-m", "simulate", "-p", "no:cacheprovider",
                                 "--nki-kernel", "naive=bad_kernels.py:forgets_b")
     theirs.assert_outcomes(failed=1, deselected=1)
-    bad = pytester.runpytest_subprocess("--nki-kernel", "mine.py:nope")
+    bad = pytester.runpytest("--nki-kernel", "mine.py:nope")
     assert bad.ret == 4
     assert "--nki-kernel" in bad.stderr.str() and "not one of the course's functions" in \
         bad.stderr.str()
@@ -83,9 +83,9 @@ def test_nki_contract_is_course_for_a_users_kernel(pytester, tmp_path):
     """)
     conv = tmp_path / "conv2d.py"
     conv.write_text("def fused_conv2d_maxpool(X, W, bias, pool_size=1):\n    pass\n")
-    r = pytester.runpytest_subprocess("-s", "--nki-kernel", f"{conv}:fused_conv2d_maxpool")
+    r = pytester.runpytest("-s", "--nki-kernel", f"{conv}:fused_conv2d_maxpool")
     assert "CONTRACT course hardware" in r.stdout.str()
-    r = pytester.runpytest_subprocess("-s", "--nki-contract", "hardware", "--nki-kernel",
+    r = pytester.runpytest("-s", "--nki-contract", "hardware", "--nki-kernel",
                            f"{conv}:fused_conv2d_maxpool")
     assert "CONTRACT hardware hardware" in r.stdout.str()
 
