@@ -215,6 +215,8 @@ def pytest_configure(config):
     if not _is_worker(config):
         config.pluginmanager.register(_Collector(config.stash[_REPORT]), _COLLECTOR)
     config.stash[_OPTED_IN] = opted_in(config)
+    if config.stash[_OPTED_IN] and "hypothesis" not in sys.modules:
+        _stop_rewriting(config.pluginmanager, _HYPOTHESIS_MODULES)    # we import it below
     if config.getoption("hypothesis_profile", None) in PROFILES:
         _hypothesis()       # registered before hypothesis's own plugin loads the profile
     if not config.stash[_OPTED_IN]:
@@ -247,8 +249,6 @@ def pytest_configure(config):
     # Our profile only where the project has not chosen one (its conftest's load_profile, or
     # --hypothesis-profile, wins). hypothesis loads "default" (or its own "ci" when $CI is
     # set) at import; a project that loads another profile changes it, and then we leave it.
-    if "hypothesis" not in sys.modules:
-        _stop_rewriting(config.pluginmanager, _HYPOTHESIS_MODULES)
     settings, _ = _hypothesis()
     if settings is not None and not config.getoption("hypothesis_profile", None) and \
             getattr(settings, "_current_profile", None) in (None, *_INITIAL_PROFILES):

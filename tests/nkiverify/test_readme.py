@@ -22,6 +22,15 @@ def _block(first_line: str) -> str:
     raise AssertionError(f"no README python block starting with {first_line!r}")
 
 
+# The sessions below add flags the README's commands do not have, which change no outcome:
+# pytest rewrites the asserts of every module of hypothesis (it has a pytest plugin) in every
+# process, 0.7 s of CPU each where bytecode is not cached (the recipe files have no assert:
+# --assert=plain), and hypothesis's plugin imports hypothesis at the end of a session that
+# never used it (-p no:hypothesispytest where no test uses hypothesis).
+PLAIN = ("--assert=plain",)
+NO_HYPOTHESIS = ("-p", "no:hypothesispytest")
+
+
 def _run(args, cwd):
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTHONPATH")}
     return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
@@ -48,8 +57,8 @@ def checkouts(tmp_path_factory):
 def test_the_hypothesis_recipe_runs_as_written(checkouts):
     good, _ = checkouts
     (good / "test_my_conv.py").write_text(_block("# test_my_conv.py"))
-    r = _run([sys.executable, "-m", "pytest", "test_my_conv.py", "-q", "-p", "no:cacheprovider"],
-             good)
+    r = _run([sys.executable, "-m", "pytest", "test_my_conv.py", "-q", "-p", "no:cacheprovider",
+              *PLAIN], good)
     assert r.returncode == 0, r.stdout[-3000:]
     assert "1 passed" in r.stdout and "FailedHealthCheck" not in r.stdout
 
@@ -58,7 +67,7 @@ def test_a_failure_shrinks_and_prints_a_command_that_reproduces_it(checkouts):
     _, buggy = checkouts
     (buggy / "test_my_conv.py").write_text(_block("# test_my_conv.py"))
     r = _run([sys.executable, "-m", "pytest", "test_my_conv.py", "-q", "-p", "no:cacheprovider",
-              "--hypothesis-seed", "0"], buggy)
+              "--hypothesis-seed", "0", *PLAIN], buggy)
     assert r.returncode == 1, r.stdout[-3000:]
     assert "systematic error" in r.stdout
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("reproduce: nki-verify case")]
@@ -90,12 +99,12 @@ def test_register_recipe_runs_as_written(tmp_path):
         "def test_scale2(nki_verify):\n"
         '    nki_verify("scale2", {"n": 512}, "bfloat16")\n')
     r = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "simulate",
-              "-rA"], tmp_path)
+              "-rA", *NO_HYPOTHESIS], tmp_path)
     assert r.returncode == 0, r.stdout[-3000:]
     assert "1 passed" in r.stdout
     # a wrong golden fails
     (tmp_path / "conftest.py").write_text(_block("import numpy as np\nimport nkiverify").replace(
         "2.0 * x", "3.0 * x"))
-    r = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "simulate"],
-             tmp_path)
+    r = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "simulate",
+              *NO_HYPOTHESIS], tmp_path)
     assert r.returncode == 1 and "beyond tolerance" in r.stdout
