@@ -543,25 +543,107 @@ class Outcome:
         return self.kernel_s + self.check_s
 
 
+class Expected:
+    """What every output of one case is compared with, whichever kernel or dialect made it:
+    the golden model's output for the case's inputs, its magnitude scale and the low-precision
+    baseline (computed on first use: ``nkiverify.compare`` asks for it only when it could
+    change the verdict)."""
+
+    def __init__(self, spec: KernelSpec, dtype, inputs: Inputs):
+        self.golden = spec.golden(*inputs.args, **inputs.kwargs)
+        self.scale = spec.scale(inputs, self.golden) if spec.scale is not None else None
+        self._make_baseline = functools.partial(spec.baseline, *inputs.args,
+                                                dtype=dtype_of(dtype), **inputs.kwargs)
+        self._baseline = None
+
+    def baseline(self):
+        if self._baseline is None:
+            self._baseline = self._make_baseline()
+        return self._baseline
+
+    @property
+    def nbytes(self) -> int:
+        arrays = (self.golden, self._baseline,
+                  None if self.scale is self.golden else self.scale)
+        return sum(int(getattr(a, "nbytes", 0)) for a in arrays)
+
+
 def expected_for(spec: KernelSpec, params, dtype, inputs: Inputs):
     """(golden float64, baseline in ``dtype``, scale) for ``inputs``."""
-    golden = spec.golden(*inputs.args, **inputs.kwargs)
-    baseline = spec.baseline(*inputs.args, dtype=dtype_of(dtype), **inputs.kwargs)
-    scale = spec.scale(inputs, golden) if spec.scale is not None else None
-    return golden, baseline, scale
+    expected = Expected(spec, dtype, inputs)
+    return expected.golden, expected.baseline(), expected.scale
 
 
-def check_output(spec: KernelSpec, params, dtype, inputs: Inputs, actual, k: float = 4.0):
-    """Compare a kernel output with the golden model: a ``Comparison``."""
+def check_output(spec: KernelSpec, params, dtype, inputs: Inputs, actual, k: float = 4.0,
+                 expected: Expected | None = None):
+    """Compare a kernel output with the golden model: a ``Comparison``. ``expected``: the
+    case's :class:`Expected` when already computed (another dialect's run of the case)."""
     from .compare import compare
-    golden = spec.golden(*inputs.args, **inputs.kwargs)
-    scale = spec.scale(inputs, golden) if spec.scale is not None else None
-    # the baseline is computed only when the verdict needs it (nkiverify.compare)
-    baseline = functools.partial(spec.baseline, *inputs.args, dtype=dtype_of(dtype),
-                                 **inputs.kwargs)
-    return compare(actual, golden, dtype_of(dtype),
-                   reduction_length=spec.reduction_length(params), scale=scale,
-                   baseline=baseline, k=k)
+    if expected is None:
+        expected = Expected(spec, dtype, inputs)
+    return compare(actual, expected.golden, dtype_of(dtype),
+                   reduction_length=spec.reduction_length(params), scale=expected.scale,
+                   baseline=expected.baseline, k=k)
+
+
+# ---- nothing computed twice: one golden per case --------------------------------------------
+# Every case runs in both dialects (and a hypothesis example may repeat) with the same inputs:
+# the inputs, the golden, its scale and the baseline of the last cases run in this process are
+# kept (at most SHARED_BYTES of them) and reused by the next run of the same case, whatever
+# kernel it runs. The kernel gets a copy of the inputs (an nki-dialect kernel may write its
+# inputs, nki-current.md §3), so every run, and the golden, see the inputs as drawn.
+# `sharing(max_bytes)` raises the limit for a block (nki-verify runs a case's dialects in one
+# job, large cases included) and forgets the cases at its end.
+SHARED_BYTES = 64 << 20
+_SHARED: dict = {}         # key -> [inputs, Expected | None, bytes], oldest first
+
+
+def _case_key(spec: KernelSpec, params, dtype, seed, dist):
+    try:
+        key = (spec.make_inputs, spec.golden, spec.baseline, spec.scale,
+               tuple(sorted(params.items())), dtype_name(dtype), int(seed), dist)
+        hash(key)
+    except TypeError:           # unhashable parameters: not shared
+        return None
+    return key
+
+
+def _input_bytes(inputs: Inputs) -> int:
+    return sum(int(a.nbytes) for a in (*inputs.args, *inputs.kwargs.values())
+               if isinstance(a, np.ndarray))
+
+
+def _copy_inputs(inputs: Inputs) -> Inputs:
+    def copy(a):
+        return a.copy() if isinstance(a, np.ndarray) else a
+    return Inputs(tuple(copy(a) for a in inputs.args),
+                  {n: copy(a) for n, a in inputs.kwargs.items()})
+
+
+def _evict(limit) -> None:
+    total = sum(entry[2] for entry in _SHARED.values())
+    while _SHARED and limit is not None and total > limit:
+        oldest = next(iter(_SHARED))
+        total -= _SHARED.pop(oldest)[2]
+
+
+class sharing:
+    """``with registry.sharing(max_bytes=None):`` keep up to ``max_bytes`` (None: no limit) of
+    shared cases inside the block; they are forgotten at its end."""
+
+    def __init__(self, max_bytes: int | None = None):
+        self.max_bytes = max_bytes
+
+    def __enter__(self):
+        global SHARED_BYTES
+        self.saved = SHARED_BYTES
+        SHARED_BYTES = self.max_bytes
+        return self
+
+    def __exit__(self, *exc):
+        global SHARED_BYTES
+        SHARED_BYTES = self.saved
+        _SHARED.clear()
 
 
 class KernelReturnedNone(AssertionError):
@@ -573,14 +655,29 @@ def run_case(spec: KernelSpec | str, params: dict, dtype, backend, *, seed: int 
     """Make inputs, run the kernel on ``backend``, compare with the golden model."""
     if not isinstance(spec, KernelSpec):
         spec = spec_for(spec)
-    inputs = spec.inputs(params, dtype, seed, dist)
+    key = _case_key(spec, params, dtype, seed, dist)
+    entry = _SHARED.pop(key, None) if key is not None else None
+    if entry is None:
+        inputs = spec.inputs(params, dtype, seed, dist)
+        entry = [inputs, None, _input_bytes(inputs)]
+    inputs = entry[0]
+    shared = key is not None and (SHARED_BYTES is None or entry[2] <= SHARED_BYTES)
     kernel = spec.kernel if spec.kernel is not None else backend.load(spec.import_path)
+    run_inputs = _copy_inputs(inputs) if shared else inputs
     t0 = time.perf_counter()
-    out = backend.run(kernel, *inputs.args, **inputs.kwargs)
+    out = backend.run(kernel, *run_inputs.args, **run_inputs.kwargs)
     t1 = time.perf_counter()
+    del run_inputs
     if out is None:
         raise KernelReturnedNone(
             f"kernel {spec.label} returned None: a kernel must return its output tensor "
             "(a missing `return out`?)")
-    comparison = check_output(spec, params, dtype, inputs, out, k=k)
+    if entry[1] is None:
+        entry[1] = Expected(spec, dtype, inputs)
+    comparison = check_output(spec, params, dtype, inputs, out, k=k, expected=entry[1])
+    if shared:
+        entry[2] = _input_bytes(inputs) + entry[1].nbytes
+        if SHARED_BYTES is None or entry[2] <= SHARED_BYTES:
+            _SHARED[key] = entry            # the newest last
+            _evict(SHARED_BYTES)
     return Outcome(comparison, out, t1 - t0, time.perf_counter() - t1)
