@@ -251,18 +251,42 @@ def _user_traceback(exc) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-4))
 
 
+def _groups(jobs) -> list[list[int]]:
+    """The jobs' indices grouped by case (kernel, params, dtype, seed, dist), first-seen order:
+    the dialects of a case run in one group, one after the other in one process, so its inputs,
+    golden and baseline are computed once (``registry.sharing``; issue 12)."""
+    groups: dict = {}
+    for i, job in enumerate(jobs):
+        kernel, params, dtype, seed, dist = job[:5]
+        try:
+            key = (kernel, tuple(sorted(params.items())), dtype, seed, dist)
+            hash(key)
+        except TypeError:
+            key = ("unshared", i)
+        groups.setdefault(key, []).append(i)
+    return list(groups.values())
+
+
+def _run_group(group_jobs):
+    with registry.sharing(max_bytes=None):     # forgotten when the group ends
+        return [_run_one(job) for job in group_jobs]
+
+
 def _run_jobs(jobs, labels, refs, backend, jobs_n, progress):
     """Results in job order; ``KeyboardInterrupt`` returns what finished (interrupted=True)."""
     results = [None] * len(jobs)
     interrupted = False
-    if jobs_n <= 1 or len(jobs) <= 1:
+    groups = _groups(jobs)
+    if jobs_n <= 1 or len(groups) <= 1:
         _WORKER["backend"] = backend
         try:
-            for i, job in enumerate(jobs):
-                progress.start(i + 1, labels[i])
-                results[i] = _run_one(job)
-                progress.finish(i + 1, labels[i], _verdict(results[i]),
-                                results[i]["elapsed_s"])
+            for group in groups:
+                with registry.sharing(max_bytes=None):
+                    for i in group:
+                        progress.start(i + 1, labels[i])
+                        results[i] = _run_one(jobs[i])
+                        progress.finish(i + 1, labels[i], _verdict(results[i]),
+                                        results[i]["elapsed_s"])
         except KeyboardInterrupt:
             interrupted = True
         return results, interrupted
@@ -276,17 +300,19 @@ def _run_jobs(jobs, labels, refs, backend, jobs_n, progress):
         # the largest cases first (longest-processing-time order): the 224x224 conv2d cases
         # start at once on every worker and the small ones fill in at the end, instead of a
         # large case starting last and running alone (results keep the cases' order)
-        for i in sorted(range(len(jobs)), key=lambda i: -_work(jobs[i])):
-            futures[pool.submit(_run_one, jobs[i])] = i
+        for group in sorted(groups, key=lambda g: -sum(_work(jobs[i]) for i in g)):
+            futures[pool.submit(_run_group, [jobs[i] for i in group])] = group
         for fut in cf.as_completed(futures):
-            i = futures[fut]
+            group = futures[fut]
             try:
-                results[i] = fut.result()
+                done = fut.result()
             except Exception as exc:     # a worker died (out of memory, a crash in C)
-                results[i] = {"passed": False, "stats": {}, "error": _one_line(exc),
-                              "message": _one_line(exc), "kernel_s": None, "elapsed_s": 0.0,
-                              "raised": True, "reduction_length": None}
-            progress.finish(i + 1, labels[i], _verdict(results[i]), results[i]["elapsed_s"])
+                done = [{"passed": False, "stats": {}, "error": _one_line(exc),
+                         "message": _one_line(exc), "kernel_s": None, "elapsed_s": 0.0,
+                         "raised": True, "reduction_length": None} for _ in group]
+            for i, result in zip(group, done):
+                results[i] = result
+                progress.finish(i + 1, labels[i], _verdict(result), result["elapsed_s"])
     except KeyboardInterrupt:
         interrupted = True
         for fut in futures:
