@@ -12,6 +12,7 @@ import pytest
 from nkiverify.report import CaseRecord, Report
 
 PY = sys.executable
+pytest_plugins = ["pytester"]
 BAD = '''
 import neuronxcc.nki as nki
 import neuronxcc.nki.language as nl
@@ -141,8 +142,8 @@ def test_a_huge_sbuf_tile_is_the_sbuf_overflow_error(tmp_path):
     assert "`t` [128, 1000000000] float32: 4000000000 B (bad.py:13)" in r.stderr  # its line
 
 
-def test_an_empty_input_names_the_argument():
-    r = nkv("case", "naive", "--params", "n=0")
+def test_an_empty_input_names_the_argument(nkv_here):
+    r = nkv_here("case", "naive", "--params", "n=0")
     assert r.returncode == 1
     assert "kernel argument 'a_vec' has shape (0,): an empty tensor" in r.stderr
     assert "ZeroDivisionError" not in r.stderr
@@ -177,9 +178,8 @@ def test_report_json_is_atomic_versioned_and_has_the_errors(tmp_path):
     assert Report.from_json(path).records[0].case_id == "y"
 
 
-def test_pytest_report_path_is_checked_before_running(tmp_path):
-    r = run(PY, "-m", "pytest", "--nki-report", "/nonexistent/r.json",
-            "tests/nkiverify/test_report.py", "-q", "-p", "no:cacheprovider",
-            cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-    assert r.returncode == 4                    # pytest's usage-error status
-    assert "directory /nonexistent does not exist" in r.stderr
+def test_pytest_report_path_is_checked_before_running(pytester):
+    pytester.makepyfile("def test_a():\n    raise AssertionError('must not run')\n")
+    r = pytester.runpytest("--nki-report", "/nonexistent/r.json", "-p", "no:cacheprovider")
+    assert r.ret == 4                           # pytest's usage-error status
+    assert "directory /nonexistent does not exist" in r.stderr.str()

@@ -351,6 +351,7 @@ def test_pytest_does_not_rewrite_our_modules_or_hypothesis(pytestconfig):
     import sys
 
     import hypothesis.core  # noqa: F401
+
     import nkisim.runtime  # noqa: F401
     import nkiverify.registry  # noqa: F401
     if pytestconfig.getoption("assertmode") == "plain":
