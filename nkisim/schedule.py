@@ -36,6 +36,7 @@ import numpy as np
 
 from .arch import Arch
 from .cost import (
+    FP32_DOC_FACTOR,
     CostParams,
     adjusted_flops_factor,
     compute_ns,
@@ -738,9 +739,12 @@ def schedule(trace: Trace, arch: Arch | str | None = None,
                     cyc = nm
                 ls = m / ls_div
                 if fp32:
-                    f32 = tr_factor if tr else fp32_factor
-                    cyc *= f32
-                    ls *= f32
+                    if tr:
+                        cyc *= tr_factor
+                        ls *= tr_factor
+                    else:
+                        cyc *= fp32_factor
+                        ls *= FP32_DOC_FACTOR
                 dur = cyc / tensor_ghz
                 if reorder:
                     pe = epools[TENSOR]
@@ -764,7 +768,7 @@ def schedule(trace: Trace, arch: Arch | str | None = None,
                     if f:           # (a partition broadcast is a matmul with ones: no model FLOPs)
                         mm_count += 1
                         flops += f
-                        adj_flops += f * (fp32_factor if fp32 else
+                        adj_flops += f * (FP32_DOC_FACTOR if fp32 else
                                           adjusted_flops_factor(ins, params) if fp8_half else 1.0)
                 e = s + dur
                 tt = e
