@@ -364,7 +364,8 @@ class Schedule:
 
         ``2*MAC_count / (tensor_engine_max_ops_per_sec * total_time)`` with transposes excluded and
         no dtype factor: the profile schema defines it from MAC counts, and the fp32 x4 appears only
-        in the separate ``adjusted_hardware_flops`` field, so an fp32 kernel tops out at 25% here.
+        in the separate ``adjusted_hardware_flops`` field, so an fp32 kernel tops out at
+        1 / fp32_matmul_factor here (25% on trn1, 21.8% on trn2; nkisim.cost).
         See :attr:`mfu_adjusted` for the x4 view. A fraction in [0, 1].
         """
         t = self.total_ns
