@@ -225,6 +225,11 @@ def test_mfu_definition():
     assert s.mfu_adjusted == pytest.approx(s.mfu)
     s32 = run([mm(sb("w"), sb("x"), ps, fp32=True)])
     assert s32.mfu_adjusted == pytest.approx(4 * s32.mfu)          # adjusted_hardware_flops x4
+    # the CS149-era profiler GUI counts each fp32 matmul twice (two FP32_LO_HI instructions)
+    assert s.mfu_profile_gui == pytest.approx(s.mfu)
+    assert s32.mfu_profile_gui == pytest.approx(2 * s32.mfu)
+    assert "profiler GUI shows it" in s32.format_summary()
+    assert "profiler GUI" not in s.format_summary()
     # the x4 weight is neuron-profile's definition on both targets, whatever the fp32 PE rate
     s32_trn1 = run([mm(sb("w"), sb("x"), ps, fp32=True)], target="trn1")
     assert s32_trn1.mfu_adjusted == pytest.approx(4 * s32_trn1.mfu)
