@@ -77,9 +77,9 @@ VectorE even if serialized). LoadStationary of an fp32 stationary and neuron-pro
 FLOPs keep the documented x4 (``FP32_DOC_FACTOR``). MFU is neuron-profile's
 ``mfu_estimated_percent`` (model FLOPs / (2 x 128 x 128 x PE clock x total_time), ref §3.6):
 seed 000's fp16 90% is that formula at the measured 824 us (89.7%); its fp32 "41%" matches no
-documented weighting (x1: 19.3%, adjusted x4: 77%; counting both of the two FP32_LO_HI
-instructions each fp32 matmul lowers to at the full logical FLOPs, which the current schema says
-it no longer does, would give 38.6%) and is reported, not modeled.
+documented weighting (x1: 19.3%, adjusted x4: 77%). It is the CS149-era profiler GUI's reading,
+which counted each fp32 matmul twice (its two FP32_LO_HI instructions at the full FLOPs each;
+38.6% at 3832 us): ``Schedule.mfu_profile_gui`` reports that too, with the evidence.
 
 Which published figure informed which constant (cs149 §5, ref §3.7; ``python
 benchmarks/calibrate.py`` prints the comparison, ``--derive`` re-derives the fitted constants).
