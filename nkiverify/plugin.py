@@ -78,7 +78,7 @@ PROFILES = ("nki-ci", "nki-dev", "nki-thorough")
 # pytest process (xdist workers, the sessions tests start) about 1 s of CPU where bytecode is
 # not cached (see _stop_rewriting), and a project that did not opt in pays nothing.
 _INITIAL_PROFILES = ("default", "ci")    # what hypothesis itself loads at import ($CI: "ci")
-_REGISTERED = False
+_REGISTERED_WITH = None      # the hypothesis `settings` class our profiles are registered with
 
 
 def _hypothesis():
@@ -92,9 +92,9 @@ def _hypothesis():
         from hypothesis import HealthCheck, settings
     except ImportError:  # pragma: no cover - hypothesis is in the test extra
         return None, None
-    global _REGISTERED
-    if not _REGISTERED:
-        _REGISTERED = True
+    global _REGISTERED_WITH
+    if _REGISTERED_WITH is not settings:     # once per hypothesis import
+        _REGISTERED_WITH = settings
         ok = [HealthCheck.too_slow, HealthCheck.data_too_large,
               HealthCheck.function_scoped_fixture]
         settings.register_profile("nki-ci", derandomize=True, max_examples=10, deadline=None,
