@@ -20,6 +20,7 @@ import linecache
 import math
 import re
 import sys
+from typing import NamedTuple
 
 import numpy as np
 
@@ -207,11 +208,19 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
     stamps the shadow), otherwise it is ignored.
     """
     run = context.current()
+    nl_api = api.startswith("nl.")
+    try:        # a tile shape/dtype/buffer this run has validated before (issue 12)
+        spec = run.alloc_specs.get((shape, dtype, id(buffer), nl_api))
+    except TypeError:           # an unhashable shape (a list): the general path
+        spec = None
+    if spec is not None:
+        return _allocate_tile(run, spec, name, fill, api, poison, storage, nl_api)
     buf = buffer_of(buffer)
     dt = dtypes.normalize(dtype)
     if dt not in dtypes.SUPPORTED:
         raise nki_error("nkisim_operand_dtype", param="dtype", api=api, dtype=dt,
                         allowed=", ".join(sorted(dtypes.name(d) for d in dtypes.SUPPORTED)))
+    orig_shape = shape
     shape, paxis = split_shape(shape)
     file, line = context.caller_location()
     name = name or _infer_name(file, line, f"{buf.kind}_tensor")
@@ -283,6 +292,16 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
                         limit=run.arch.sbuf_usable_bytes, target=run.arch.name,
                         largest=f"`{name}` {shape_str(shape)} {dtypes.name(dt)}: {pbytes} B "
                                 f"({context.where(file, line)})")
+    if not paxis:
+        # everything above depends on (shape, dtype, buffer, nl_api) and the run only
+        spec = _TileSpec(buf, dt, sdt, shape, (P,) + free, pbytes,
+                         -(-pbytes // run.arch.psum_bank_bytes) if buf.kind == "psum" else 0,
+                         dtypes.poison(dt), f"{buf.kind}_tensor")
+        try:
+            run.alloc_specs[(orig_shape, dtype, id(buffer), nl_api)] = spec
+        except TypeError:
+            pass
+        return _allocate_tile(run, spec, name, fill, api, poison, storage, nl_api, (file, line))
     phys_shape = (P,) + blocks + free
     adopted = False
     if storage is not None and fill is None and not poison and not paxis and \
@@ -332,6 +351,72 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
     t = Tensor(arr, shadow, a, dt, shape, paxis, None)
     # an instruction's result tile is provisional: `dst[...] = op(...)` retargets it (memory.py)
     run.memory.allocate(a, t, provisional=not api.startswith("nl."))
+    return t
+
+
+
+class _TileSpec(NamedTuple):
+    """What ``allocate`` derives from an SBUF/PSUM tile's (shape, dtype, buffer) after
+    validating them: the same for every tile of a loop body (cached per run, issue 12)."""
+
+    buf: Buffer
+    dt: np.dtype
+    sdt: np.dtype
+    shape: tuple
+    phys_shape: tuple
+    pbytes: int
+    banks: int
+    poison: object
+    default_name: str
+
+
+def _allocate_tile(run, spec, name, fill, api, poison, storage, nl_api, where=None) -> Tensor:
+    """The SBUF/PSUM part of ``allocate`` (partition axis first, automatic placement)."""
+    file, line = where if where is not None else context.caller_location()
+    name = name or _infer_name(file, line, spec.default_name)
+    dt, sdt, phys_shape = spec.dt, spec.sdt, spec.phys_shape
+    adopted = False
+    if storage is not None and fill is None and not poison and dt is sdt and \
+            storage.dtype == sdt and storage.shape == phys_shape and \
+            storage.flags.c_contiguous and storage.flags.writeable:
+        arr = storage            # adopted: the instruction computed straight into the tile
+        adopted = True
+    elif fill is None:
+        arr = np.full(phys_shape, spec.poison, dtype=sdt) if poison else \
+            np.empty(phys_shape, dtype=sdt)
+    else:
+        arr = np.full(phys_shape, fill, dtype=sdt) if dt != dtypes.TF32 else \
+            dtypes.cast(np.full(phys_shape, fill, np.float32), dt)
+    kind = spec.buf.kind
+    a = Allocation(kind, name, dt, spec.shape)
+    a.id = next(_ids)
+    a.file, a.line = file, line
+    a.epoch = a.hi = epoch = run.epoch
+    a.buf = spec.buf
+    a.key = _site_key(run, kind, file, line, result=not nl_api)
+    a.row_bytes = a.pbytes = spec.pbytes
+    a.banks = spec.banks
+    if adopted:
+        # the instruction's values are the storage: its write (the next call, ``write(t,
+        # storage)``) only has to stamp the shadow, done here with the summaries a whole-tile
+        # write leaves (nkisim.checks.check_write), so that write returns at once
+        a.adopted = True
+    shadow = None
+    if run.checks:
+        # A lazy shadow (nkisim.checks.LAZY): every element has the epoch ``uniform`` until a
+        # write covers part of the tile; most tiles are written whole (an instruction's result,
+        # a PSUM accumulator), so their int32-per-element shadow is never filled (issue 12).
+        a.store = arr
+        shadow = checks.LAZY
+        if adopted or fill is not None:
+            a.gen, a.full, a.uniform = 1, True, epoch     # written whole
+        else:
+            a.uniform = 0                                 # never written
+    t = Tensor(arr, shadow, a, dt, spec.shape, 0, None)
+    # its region (``_region`` of a whole tile): partitions [0, P), bytes [0, pbytes)
+    t._region = Region(kind, a.key, name, 0, spec.phys_shape[0], 0, spec.pbytes)
+    # an instruction's result tile is provisional: `dst[...] = op(...)` retargets it (memory.py)
+    run.memory.allocate(a, t, provisional=not nl_api)
     return t
 
 
@@ -1339,6 +1424,8 @@ def _region(t: Tensor) -> Region:
     for n, s in zip(arr.shape, arr.strides):
         if n == 0:
             return Region(root.buffer, root.key, root.name, p_start, p_start, f_start, f_start)
+        if n == 1:
+            continue        # spans nothing (a (128, 1) tile's last stride is the row size)
         if s >= R and s % R == 0:
             p_count = (n - 1) * (s // R) + 1
         else:
@@ -1463,10 +1550,9 @@ def _loop_reduce_into(run, dst: Tensor, value: Tensor) -> None:
 def inplace(t: Tensor, other, opname: str) -> Tensor:
     """``t += x`` etc. ``psum += nisa.nc_matmul(...)`` is the PSUM accumulation pattern."""
     run = context.current()
-    if isinstance(other, Tensor) and other._producer is not None and opname == "add" and \
-            other._producer.op == "nc_matmul" and run.trace.instrs and \
-            run.trace.instrs[-1] is other._producer:
-        instr = other._producer
+    instr = other._producer if isinstance(other, Tensor) else None
+    if instr is not None and opname == "add" and instr.op == "nc_matmul" and \
+            run.trace.instrs and run.trace.instrs[-1] is instr:
         if t.root.buffer != "psum":
             raise nki_error("err_unsupported_memory", param="dst", api="nc_matmul",
                             expected="psum", got=t.root.buffer)
@@ -1475,7 +1561,8 @@ def inplace(t: Tensor, other, opname: str) -> Tensor:
                      f"PSUM accumulator `{t.name}` is {dtypes.name(t.dtype)}: matmul accumulates "
                      "in fp32 PSUM; keep accumulators float32 (CS149 forum) or every partial sum "
                      "is rounded")
-        cur = values(t)
+        if t._slots is not None:
+            values(t)            # err_failed_to_infer_tile_from_local_tensor
         fresh = None
         if t._ws is not None:    # the associative accumulation is exempt from race checks
             root = t.root
@@ -1500,16 +1587,19 @@ def inplace(t: Tensor, other, opname: str) -> Tensor:
                                   "nc_matmul (accumulate)", accumulate=True)
             else:
                 checks.check_read(run, t, "nc_matmul (accumulate)", accumulate=True)
-        inc = fit(values(other), t.shape, other.shape)
+        inc = other._arr if other._idx is None and other._slots is None and \
+            other._arr.shape == t.shape else fit(values(other), t.shape, other.shape)
         if fresh is not None and fresh.any():
-            acc = cur.astype(np.float32) + inc
+            acc = values(t).astype(np.float32) + inc
             write(t, np.where(fresh, inc, acc), "nc_matmul", accumulate=True, run=run)
-        elif cur.dtype == np.float32 and t._idx is None and t.dtype == np.dtype(np.float32):
+        elif t._idx is None and t.dtype == dtypes.F32 and t._slots is None and \
+                t._arr.dtype == dtypes.F32:
             # fp32 PSUM: accumulate in place (one pass over the tile, no temporary)
             write(t, None, "nc_matmul", accumulate=True, run=run, add=inc)
         else:
-            write(t, cur.astype(np.float32) + inc, "nc_matmul", accumulate=True, run=run)
-        inherit_taint(t, other)
+            write(t, values(t).astype(np.float32) + inc, "nc_matmul", accumulate=True, run=run)
+        if other._ws is not None and t._ws is not None and other.root.taint is not None:
+            inherit_taint(t, other)
         instr.writes = (region(t),)
         instr.detail["accumulate"] = True
         run.memory.release(other.root)
