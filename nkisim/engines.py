@@ -150,7 +150,7 @@ def _unary_alu(name, x):
 
 
 def _engine(eng, default, api, allowed=(VECTOR, SCALAR, GPSIMD)):
-    if eng is None or eng == engine.unknown:
+    if eng is None or eng is engine.unknown or eng == engine.unknown:
         return default
     name = _ENGINE_NAME.get(engine(eng))
     if name not in allowed:
@@ -267,6 +267,10 @@ def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, 
     shape = _tile_shape(x)
     detail = _detail(x)
     detail.update(alu=n0, alu1=n1)
+    if _owned(out, v) and out.shape == shape:
+        # the ufunc's fresh result becomes the tile's storage (no copy, issue 12)
+        return result_tile(run, shape, dtype or x.dtype, out, api, eng, tiles, detail,
+                           mask=_mask(mask, shape), fresh=True)
     return result_tile(run, shape, dtype or x.dtype, np.broadcast_to(out, shape), api, eng,
                        tiles, detail, mask=_mask(mask, shape))
 
@@ -449,7 +453,7 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
     detail = _detail(x)
     detail["func"] = fname
     res = result_tile(run, shape, dtype or x.dtype, out, api, SCALAR, tiles, detail,
-                      mask=_mask(mask, shape))
+                      mask=_mask(mask, shape), fresh=_owned(out, v) and reduce_res is None)
     if reduce_res is not None:
         if reduce_op is None or _alu_name(reduce_op, api) != "add" and run.arch.nc_version < 3:
             raise nki_error("nkisim_invalid_argument", api=api,
@@ -703,6 +707,13 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     shape = out.shape
     return result_tile(run, shape, F32, out, api, TENSOR, (st, mv), detail, buffer=nl.psum,
                        mask=None if mask is None else _mask(mask, shape), fresh=True)
+
+
+def _owned(out, *inputs) -> bool:
+    """``out`` is an array an op just computed that nothing else references (a ufunc's result,
+    not a view, not one of its inputs): it may become the result tile's storage."""
+    return type(out) is np.ndarray and out.base is None and \
+        all(out is not i for i in inputs)
 
 
 def _matmul_taint(run, st, mv, K, M, N, shape) -> None:
