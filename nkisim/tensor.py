@@ -1043,6 +1043,8 @@ def _fast_key(key, shape):
     unit-step slices with int bounds, all within ``shape``; None for anything else (the general
     path then validates it and raises the errors)."""
     if type(key) is not tuple:
+        if key is Ellipsis:                 # `t[...]`: the whole view
+            return tuple([slice(0, n, 1) for n in shape])
         key = (key,)
     if len(key) > len(shape):
         return None
