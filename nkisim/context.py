@@ -141,6 +141,8 @@ class Run:
     rng: object = None                                # nl.rand / dropout generator (nl._rng)
     vector_acc: dict = field(default_factory=dict)    # VectorE accumulators (isa._accumulate)
     rules: Rules = BETA1                              # the launching face's language rules
+    # (shape, dtype, buffer, nl api) -> tensor._TileSpec: tile shapes validated (issue 12)
+    alloc_specs: dict = field(default_factory=dict)
 
     # ---- loops and epochs ----
     def new_epoch(self, loop: Loop, iteration: int) -> int:
@@ -166,8 +168,11 @@ class Run:
         lp.epoch = e
         self.epoch = e
 
-    def record(self, op, engine, reads, writes, dtype, partitions, free, detail=None) -> Instr:
-        file, line = caller_location()
+    def record(self, op, engine, reads, writes, dtype, partitions, free, detail=None,
+               where=None) -> Instr:
+        """Append an instruction to the trace. ``where``: its (file, line) when the caller
+        already knows the kernel's line (the result tile's allocation site)."""
+        file, line = caller_location() if where is None else where
         stack = self.loops
         if not stack:
             loops = ()
@@ -175,8 +180,9 @@ class Run:
             loops = stack[-1].key
             if stack[-1].epoch != self.epoch or len(loops) != len(stack):
                 loops = tuple((lp.id, lp.kind, lp.iteration) for lp in stack)
-        instr = Instr(op, engine, tuple(reads), tuple(writes), dtype, partitions, free,
-                      detail if detail is not None else {}, loops, file, line)
+        instr = Instr(op, engine, reads if type(reads) is tuple else tuple(reads),
+                      writes if type(writes) is tuple else tuple(writes), dtype, partitions,
+                      free, detail if detail is not None else {}, loops, file, line)
         self.trace.append(instr)
         self.taint = None                  # the instruction is complete (nkisim.tensor.read)
         self.memory.tick()                 # lifetimes of the tiles it touches (nkisim.memory)

@@ -136,6 +136,8 @@ _FLOAT_RANK = {  # width order used for (float, float) promotion
 
 def promote(a, b) -> np.dtype:
     """The NKI promoted dtype of two tile dtypes (ref §1.3)."""
+    if a is b and isinstance(a, np.dtype):
+        return a                      # (the common case: one dtype, no lookups)
     a, b = normalize(a), normalize(b)
     if a == b:
         return a

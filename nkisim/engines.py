@@ -34,6 +34,8 @@ from .ops import (
 from .tensor import Tensor, fit, read, region
 from .trace import DMA, GPSIMD, SCALAR, TENSOR, VECTOR
 
+F32 = dtypes.F32
+
 # ---------------------------------------------------------------------------------------------
 # enums (ref §1.10)
 
@@ -148,7 +150,7 @@ def _unary_alu(name, x):
 
 
 def _engine(eng, default, api, allowed=(VECTOR, SCALAR, GPSIMD)):
-    if eng is None or eng == engine.unknown:
+    if eng is None or eng is engine.unknown or eng == engine.unknown:
         return default
     name = _ENGINE_NAME.get(engine(eng))
     if name not in allowed:
@@ -265,6 +267,10 @@ def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, 
     shape = _tile_shape(x)
     detail = _detail(x)
     detail.update(alu=n0, alu1=n1)
+    if _owned(out, v) and out.shape == shape:
+        # the ufunc's fresh result becomes the tile's storage (no copy, issue 12)
+        return result_tile(run, shape, dtype or x.dtype, out, api, eng, tiles, detail,
+                           mask=_mask(mask, shape), fresh=True)
     return result_tile(run, shape, dtype or x.dtype, np.broadcast_to(out, shape), api, eng,
                        tiles, detail, mask=_mask(mask, shape))
 
@@ -447,7 +453,7 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
     detail = _detail(x)
     detail["func"] = fname
     res = result_tile(run, shape, dtype or x.dtype, out, api, SCALAR, tiles, detail,
-                      mask=_mask(mask, shape))
+                      mask=_mask(mask, shape), fresh=_owned(out, v) and reduce_res is None)
     if reduce_res is not None:
         if reduce_op is None or _alu_name(reduce_op, api) != "add" and run.arch.nc_version < 3:
             raise nki_error("nkisim_invalid_argument", api=api,
@@ -634,21 +640,28 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     test_double_row_gen3 checks ``einsum("kli,klj->ij")`` (ref §1.10)."""
     run = context.current()
     api = "nc_matmul"
-    for p, t in (("stationary", stationary), ("moving", moving)):
-        if isinstance(t, Tensor) and t.root.buffer == "psum":
-            _psum_operand(run, t, api, p)
-        elif isinstance(t, Tensor) and t.root.buffer != "sbuf":      # inputs must be SBUF
-            raise nki_error("err_unsupported_memory", param=p, api=api, expected="sbuf",
-                            got=t.root.buffer)
-    st = _tile(stationary, api, "stationary")
-    mv = _tile(moving, api, "moving")
-    if perf_mode is not None and str(getattr(perf_mode, "name", perf_mode)) != "none":
-        return _double_row(run, st, mv, str(getattr(perf_mode, "name", perf_mode)), mask)
-    for p, t in (("stationary", st), ("moving", mv)):
-        if t.dtype not in _MATMUL_DTYPES:
-            raise nki_error("nkisim_operand_dtype", param=p, api=api,
-                            dtype=dtypes.name(t.dtype), allowed="float8_e4m3, float8_e5m2, "
-                            "bfloat16, float16, tfloat32, float32")
+    if type(stationary) is Tensor and type(moving) is Tensor and \
+            stationary.root.buffer == "sbuf" and moving.root.buffer == "sbuf" and \
+            stationary._slots is None and moving._slots is None and \
+            stationary.paxis == 0 and moving.paxis == 0 and perf_mode is None and \
+            stationary.dtype in _MATMUL_DTYPES and moving.dtype in _MATMUL_DTYPES:
+        st, mv = stationary, moving     # the common case: what the checks below accept
+    else:
+        for p, t in (("stationary", stationary), ("moving", moving)):
+            if isinstance(t, Tensor) and t.root.buffer == "psum":
+                _psum_operand(run, t, api, p)
+            elif isinstance(t, Tensor) and t.root.buffer != "sbuf":  # inputs must be SBUF
+                raise nki_error("err_unsupported_memory", param=p, api=api, expected="sbuf",
+                                got=t.root.buffer)
+        st = _tile(stationary, api, "stationary")
+        mv = _tile(moving, api, "moving")
+        if perf_mode is not None and str(getattr(perf_mode, "name", perf_mode)) != "none":
+            return _double_row(run, st, mv, str(getattr(perf_mode, "name", perf_mode)), mask)
+        for p, t in (("stationary", st), ("moving", mv)):
+            if t.dtype not in _MATMUL_DTYPES:
+                raise nki_error("nkisim_operand_dtype", param=p, api=api,
+                                dtype=dtypes.name(t.dtype), allowed="float8_e4m3, "
+                                "float8_e5m2, bfloat16, float16, tfloat32, float32")
     ss, ms = _tile_shape(st), _tile_shape(mv)
     K, M = ss[0], math.prod(ss[1:])
     N = math.prod(ms[1:])
@@ -668,8 +681,15 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
         if any(int(v) % 32 for v in tuple(tile_position) + tuple(tile_size)):
             raise nki_error("nkisim_invalid_argument", api=api,
                             why="tile_position and tile_size must be multiples of 32")
-    a = _tile_vals(st, api, run).reshape(K, M)
-    bv = _tile_vals(mv, api, run)
+    a = read(st, api, run)
+    if a.dtype != F32:
+        a = dtypes.to_f32(a)
+    a = a.reshape(K, M)
+    bv = read(mv, api, run)
+    if bv.ndim == 1:
+        bv = bv.reshape(bv.shape[0], 1)
+    if bv.dtype != F32:
+        bv = dtypes.to_f32(bv)
     if bv.ndim == 3 and bv.shape[2] >= 128 and not bv.flags.c_contiguous:
         # a window of rows of a wider tile (conv2d's shifted input rows): one GEMM per row
         # on the strided rows instead of copying the window first (issue 12: 5-10% of a
@@ -684,8 +704,16 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     detail = {"K": K, "M": M, "N": N, "accumulate": False, "transpose": bool(is_transpose),
               "fp32": fp32, "flops": 0 if is_transpose else 2 * K * M * N,
               "dtype_in": dtypes.name(st.dtype)}
-    return result_tile(run, (M,) + ms[1:], np.float32, out, api, TENSOR, (st, mv), detail,
-                       buffer=nl.psum, mask=_mask(mask, (M,) + ms[1:]), fresh=True)
+    shape = out.shape
+    return result_tile(run, shape, F32, out, api, TENSOR, (st, mv), detail, buffer=nl.psum,
+                       mask=None if mask is None else _mask(mask, shape), fresh=True)
+
+
+def _owned(out, *inputs) -> bool:
+    """``out`` is an array an op just computed that nothing else references (a ufunc's result,
+    not a view, not one of its inputs): it may become the result tile's storage."""
+    return type(out) is np.ndarray and out.base is None and \
+        all(out is not i for i in inputs)
 
 
 def _matmul_taint(run, st, mv, K, M, N, shape) -> None:

@@ -24,7 +24,7 @@ import numpy as np
 from . import checks, context, dtypes
 from .errors import nki_error
 from .indexing import IndexExpr
-from .tensor import Tensor, _check_oob, _full_idx, read, values, write
+from .tensor import Tensor, _check_oob, _full_idx, poisoned, read, values, write
 
 # view -> the index tiles it was made with
 INDEX_TILES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -106,6 +106,7 @@ def accumulate_at(dst, vals, api, run, mask=None) -> None:
         return
     # repeated indices: sum every contribution into the root, then write the view
     full = _full_idx(dst._idx, dst)
+    poisoned(dst.root)                  # (a lazily poisoned tile: its poison first)
     root_vals = dtypes.to_f32(dst._arr).copy()
     np.add.at(root_vals, full, vals)
     write(dst, root_vals[full], api, run=run, accumulate=True)

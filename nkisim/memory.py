@@ -84,6 +84,9 @@ class _TileRef(weakref.ref):
 TOUCHED: list = []
 
 
+_DT_NAMES: dict = {}
+
+
 class Memory:
     def __init__(self, run):
         tune_malloc()
@@ -185,7 +188,11 @@ class Memory:
         born = self.born.pop(alloc.id, self.clock)
         if first < 0:
             first = last = born         # never touched: occupies its buffer when allocated
-        key = (alloc.name, alloc.shape, alloc.dtype.name, alloc.file, alloc.line)
+        dt = alloc.dtype
+        dname = _DT_NAMES.get(dt)
+        if dname is None:           # (np.dtype.name is a slow Python property)
+            dname = _DT_NAMES[dt] = dt.name
+        key = (alloc.name, alloc.shape, dname, alloc.file, alloc.line)
         site = self.sites.setdefault(key, len(self.sites))
         size = alloc.pbytes if alloc.buffer == "sbuf" else alloc.banks
         self.dead.append((first, last, size, alloc.buffer == "sbuf", site))

@@ -179,8 +179,19 @@ def result_tile(run, shape, dtype, vals, op, engine, reads, detail, buffer=sbuf,
     t = allocate(shape, dtype, buffer=buffer, name=name or "", api=op, poison=mask is not None,
                  storage=vals if fresh and mask is None else None)
     write(t, vals, op, run=run, mask=mask)
-    instr = run.record(op, engine, tuple(region(r) for r in reads), (region(t),),
-                       dtypes.name(t.dtype), _partitions(t), _free(t), detail)
+    root = t.root
+    shape = t.shape
+    if len(reads) == 2:
+        regs = (region(reads[0]), region(reads[1]))
+    else:
+        regs = tuple([region(r) for r in reads])
+    if t.paxis == 0 and root.buffer != "hbm":
+        P = shape[0]                   # (_partitions, _free of a tile: partitions first)
+        free = builtins.max(1, math.prod(shape) // builtins.max(P, 1))
+    else:
+        P, free = _partitions(t), _free(t)
+    instr = run.record(op, engine, regs, (region(t),), dtypes.name(t.dtype), P, free, detail,
+                       (root.file, root.line))
     t._producer = instr
     return t
 

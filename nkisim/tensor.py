@@ -20,6 +20,7 @@ import linecache
 import math
 import re
 import sys
+from typing import NamedTuple
 
 import numpy as np
 
@@ -107,7 +108,7 @@ class Allocation:
     __slots__ = ("id", "buffer", "name", "key", "row_bytes", "p_base", "shadow", "param",
                  "mutable", "live", "pbytes", "banks", "loop", "file", "line", "direct",
                  "dtype", "shape", "epoch", "hi", "gen", "full", "uniform", "taint",
-                 "adopted", "store", "buf", "base_off", "__weakref__")
+                 "adopted", "store", "buf", "base_off", "unpoisoned", "__weakref__")
 
     def __init__(self, buffer, name, dtype, shape):
         self.buffer = buffer          # "hbm" | "sbuf" | "psum"
@@ -138,6 +139,8 @@ class Allocation:
         self.adopted = False          # storage adopted from an instruction, not yet "written"
         self.store = None             # a lazy shadow's tile storage (see checks.LAZY)
         self.buf = None               # the Buffer it was created in (None: by kind)
+        # storage not yet filled with the poison (allocated lazily, see ``poisoned``)
+        self.unpoisoned = None
 
 
 _ids = iter(range(1, 1 << 62))
@@ -207,11 +210,19 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
     stamps the shadow), otherwise it is ignored.
     """
     run = context.current()
+    nl_api = api.startswith("nl.")
+    try:        # a tile shape/dtype/buffer this run has validated before (issue 12)
+        spec = run.alloc_specs.get((shape, dtype, id(buffer), nl_api))
+    except TypeError:           # an unhashable shape (a list): the general path
+        spec = None
+    if spec is not None:
+        return _allocate_tile(run, spec, name, fill, api, poison, storage, nl_api)
     buf = buffer_of(buffer)
     dt = dtypes.normalize(dtype)
     if dt not in dtypes.SUPPORTED:
         raise nki_error("nkisim_operand_dtype", param="dtype", api=api, dtype=dt,
                         allowed=", ".join(sorted(dtypes.name(d) for d in dtypes.SUPPORTED)))
+    orig_shape = shape
     shape, paxis = split_shape(shape)
     file, line = context.caller_location()
     name = name or _infer_name(file, line, f"{buf.kind}_tensor")
@@ -283,6 +294,16 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
                         limit=run.arch.sbuf_usable_bytes, target=run.arch.name,
                         largest=f"`{name}` {shape_str(shape)} {dtypes.name(dt)}: {pbytes} B "
                                 f"({context.where(file, line)})")
+    if not paxis:
+        # everything above depends on (shape, dtype, buffer, nl_api) and the run only
+        spec = _TileSpec(buf, dt, sdt, shape, (P,) + free, pbytes,
+                         -(-pbytes // run.arch.psum_bank_bytes) if buf.kind == "psum" else 0,
+                         dtypes.poison(dt), f"{buf.kind}_tensor")
+        try:
+            run.alloc_specs[(orig_shape, dtype, id(buffer), nl_api)] = spec
+        except TypeError:
+            pass
+        return _allocate_tile(run, spec, name, fill, api, poison, storage, nl_api, (file, line))
     phys_shape = (P,) + blocks + free
     adopted = False
     if storage is not None and fill is None and not poison and not paxis and \
@@ -332,6 +353,75 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
     t = Tensor(arr, shadow, a, dt, shape, paxis, None)
     # an instruction's result tile is provisional: `dst[...] = op(...)` retargets it (memory.py)
     run.memory.allocate(a, t, provisional=not api.startswith("nl."))
+    return t
+
+
+
+class _TileSpec(NamedTuple):
+    """What ``allocate`` derives from an SBUF/PSUM tile's (shape, dtype, buffer) after
+    validating them: the same for every tile of a loop body (cached per run, issue 12)."""
+
+    buf: Buffer
+    dt: np.dtype
+    sdt: np.dtype
+    shape: tuple
+    phys_shape: tuple
+    pbytes: int
+    banks: int
+    poison: object
+    default_name: str
+
+
+def _allocate_tile(run, spec, name, fill, api, poison, storage, nl_api, where=None) -> Tensor:
+    """The SBUF/PSUM part of ``allocate`` (partition axis first, automatic placement)."""
+    file, line = where if where is not None else context.caller_location()
+    name = name or _infer_name(file, line, spec.default_name)
+    dt, sdt, phys_shape = spec.dt, spec.sdt, spec.phys_shape
+    adopted = False
+    if storage is not None and fill is None and not poison and dt is sdt and \
+            storage.dtype == sdt and storage.shape == phys_shape and \
+            storage.flags.c_contiguous and storage.flags.writeable:
+        arr = storage            # adopted: the instruction computed straight into the tile
+        adopted = True
+    elif fill is None:
+        arr = np.empty(phys_shape, dtype=sdt)
+    else:
+        arr = np.full(phys_shape, fill, dtype=sdt) if dt != dtypes.TF32 else \
+            dtypes.cast(np.full(phys_shape, fill, np.float32), dt)
+    kind = spec.buf.kind
+    a = Allocation(kind, name, dt, spec.shape)
+    if poison and fill is None and not adopted:
+        # poisoned lazily: at the first access that is not a whole-tile write (``poisoned``),
+        # so a tile the next instruction writes whole is never filled (issue 12)
+        a.unpoisoned = arr
+    a.id = next(_ids)
+    a.file, a.line = file, line
+    a.epoch = a.hi = epoch = run.epoch
+    a.buf = spec.buf
+    a.key = _site_key(run, kind, file, line, result=not nl_api)
+    a.row_bytes = a.pbytes = spec.pbytes
+    a.banks = spec.banks
+    if adopted:
+        # the instruction's values are the storage: its write (the next call, ``write(t,
+        # storage)``) only has to stamp the shadow, done here with the summaries a whole-tile
+        # write leaves (nkisim.checks.check_write), so that write returns at once
+        a.adopted = True
+    shadow = None
+    if run.checks:
+        # A lazy shadow (nkisim.checks.LAZY): every element has the epoch ``uniform`` until a
+        # write covers part of the tile; most tiles are written whole (an instruction's result,
+        # a PSUM accumulator), so their int32-per-element shadow is never filled (issue 12).
+        a.store = arr
+        shadow = checks.LAZY
+        if adopted or fill is not None:
+            a.gen, a.full, a.uniform = 1, True, epoch     # written whole
+        else:
+            a.uniform = 0                                 # never written
+    t = Tensor(arr, shadow, a, dt, spec.shape, 0, None)
+    # its region (``_region`` of a whole tile): partitions [0, P), bytes [0, pbytes)
+    t._region = Region(kind, a.key, name, 0, spec.phys_shape[0], 0, spec.pbytes)
+    # an instruction's result tile is provisional: `dst[...] = op(...)` retargets it (memory.py)
+    run.memory.allocate(a, t, provisional=not nl_api)
     return t
 
 
@@ -780,6 +870,10 @@ class Tensor:
 
     # --- indexing ---
     def __getitem__(self, key):
+        if self._slots is None and self._idx is None:
+            k = _fast_key(key, self.shape)
+            if k is not None:                  # ints and in-bound unit-step slices
+                return self._basic_view(k)
         if self._slots is not None:
             return self._block_getitem(key)
         if self._idx is not None:
@@ -789,38 +883,8 @@ class Tensor:
             return _ops.indirect_getitem(self, key)   # SBUF tiles of indices: indirect DMA
         oob = []
         kind, k = normalize_key(key, self.shape, self.name, oob)
-        if kind == "basic" and self.root.buffer != "hbm" and self.paxis == 0 and k and \
-                not isinstance(k[0], slice) and _keep_partition():
-            # nki 0.3+: "An integer on dim 0 keeps it at size 1" (spec nki-current.md §2.0
-            # item 3, STUB-R32 NkiTensor.__getitem__); Beta 1 drops it
-            k = (slice(k[0], k[0] + 1, 1),) + k[1:]
-        if kind == "basic" and self.root.buffer != "hbm" and self.paxis == 0 and k and \
-                isinstance(k[0], slice) and len(self.shape) >= 2 and \
-                sum(isinstance(x, slice) for x in k) + len(self.shape) - len(k) < 2:
-            # An SBUF/PSUM tile keeps 2 dimensions (partition, free): `buf[:, i]` is a
-            # [P, 1] tile. The known-issues page says tiles need 2 dimensions and recommends
-            # `my_sbuf[0:N, 0]` to access an [N, 1] buffer; AWS's reference/attention.py passes
-            # `l_buffer[:, i]` to a helper documented "l_buffer: (B_P_SIZE, 1)" that indexes it
-            # `l_buffer[:, 0]`. (HBM tensors drop integer-indexed dimensions as in NumPy, as
-            # the programming model's "Basic Tensor Indexing" shows.)
-            j = max(i for i, x in enumerate(k) if not isinstance(x, slice))
-            k = k[:j] + (slice(k[j], k[j] + 1, 1),) + k[j + 1:]
         if kind == "basic":
-            src = self._arr
-            arr = src[k + (Ellipsis,)]     # all-int keys: a 0-d view, not a NumPy scalar
-            w = self._ws if self._ws is None or self._ws is checks.LAZY else \
-                self._ws[k + (Ellipsis,)]
-            off = self._off
-            for x, st in zip(k, src.strides):
-                off += (x.start if isinstance(x, slice) else x) * st
-            paxis = self.paxis
-            if paxis is not None:
-                # axes removed by integer indices before/at the partition axis
-                if paxis < len(k) and not isinstance(k[paxis], slice):
-                    paxis = None
-                else:
-                    paxis -= sum(1 for x in k[:paxis] if not isinstance(x, slice))
-            return Tensor(arr, w, self.root, self.dtype, arr.shape, paxis, None, off)
+            return self._basic_view(k)
         ishape = np.broadcast_shapes(*(np.shape(x) for x in k))
         shape = ishape
         if len(k) < len(self.shape):
@@ -834,6 +898,40 @@ class Tensor:
             bad = bad.reshape(ishape + (1,) * (len(shape) - len(ishape)))
             t._oob = (np.broadcast_to(bad, shape), oob[0][1])
         return t
+
+    def _basic_view(self, k):
+        """The view of a normalized basic key (a tuple of ints and slices)."""
+        tile = self.paxis == 0 and self.root.buffer != "hbm"
+        if tile and k and type(k[0]) is not slice and _keep_partition():
+            # nki 0.3+: "An integer on dim 0 keeps it at size 1" (spec nki-current.md §2.0
+            # item 3, STUB-R32 NkiTensor.__getitem__); Beta 1 drops it
+            k = (slice(k[0], k[0] + 1, 1),) + k[1:]
+        if tile and k and type(k[0]) is slice and len(self.shape) >= 2 and \
+                sum(type(x) is slice for x in k) + len(self.shape) - len(k) < 2:
+            # An SBUF/PSUM tile keeps 2 dimensions (partition, free): `buf[:, i]` is a
+            # [P, 1] tile. The known-issues page says tiles need 2 dimensions and recommends
+            # `my_sbuf[0:N, 0]` to access an [N, 1] buffer; AWS's reference/attention.py passes
+            # `l_buffer[:, i]` to a helper documented "l_buffer: (B_P_SIZE, 1)" that indexes it
+            # `l_buffer[:, 0]`. (HBM tensors drop integer-indexed dimensions as in NumPy, as
+            # the programming model's "Basic Tensor Indexing" shows.)
+            j = max(i for i, x in enumerate(k) if type(x) is not slice)
+            k = k[:j] + (slice(k[j], k[j] + 1, 1),) + k[j + 1:]
+        src = self._arr
+        ke = k + (Ellipsis,)
+        arr = src[ke]                      # all-int keys: a 0-d view, not a NumPy scalar
+        ws = self._ws
+        w = ws if ws is None or ws is checks.LAZY else ws[ke]
+        off = self._off
+        for x, st in zip(k, src.strides):
+            off += (x.start if type(x) is slice else x) * st
+        paxis = self.paxis
+        if paxis is not None:
+            # axes removed by integer indices before/at the partition axis
+            if paxis < len(k) and type(k[paxis]) is not slice:
+                paxis = None
+            elif paxis:
+                paxis -= sum(1 for x in k[:paxis] if type(x) is not slice)
+        return Tensor(arr, w, self.root, self.dtype, arr.shape, paxis, None, off)
 
     def _block_getitem(self, key):
         slots, blocks, nft, offs = self._slots
@@ -940,6 +1038,47 @@ class Tensor:
         return math.prod(self.shape)
 
 
+def _fast_key(key, shape):
+    """``normalize_key`` of the common index (issue 12): Python ints (loop indices) and
+    unit-step slices with int bounds, all within ``shape``; None for anything else (the general
+    path then validates it and raises the errors)."""
+    if type(key) is not tuple:
+        if key is Ellipsis:                 # `t[...]`: the whole view
+            return tuple([slice(0, n, 1) for n in shape])
+        key = (key,)
+    if len(key) > len(shape):
+        return None
+    out = []
+    for k, size in zip(key, shape):
+        if type(k) is slice:
+            start, stop, step = k.start, k.stop, k.step
+            if step is not None and (type(step) is not int or step != 1):
+                return None
+            if start is None:
+                start = 0
+            elif isinstance(start, int) and type(start) is not bool:
+                start = int(start)          # (an int subclass: a loop index)
+            else:
+                return None
+            if stop is None:
+                stop = size
+            elif isinstance(stop, int) and type(stop) is not bool:
+                stop = int(stop)
+            else:
+                return None
+            if start < 0 or stop > size or start > stop:
+                return None
+            out.append(slice(start, stop, 1))
+        elif isinstance(k, int) and type(k) is not bool:
+            k = int(k)
+            if k < 0 or k >= size:
+                return None
+            out.append(k)
+        else:
+            return None
+    return tuple(out)
+
+
 def _addr(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
@@ -973,8 +1112,19 @@ def _keep_partition() -> bool:
 # reads, writes, regions
 
 
+def poisoned(root: Allocation) -> None:
+    """Fill a lazily poisoned tile's storage with the poison (what never-written memory holds:
+    NaN for floats, ``dtypes.poison``) before anything reads it or writes part of it."""
+    arr = root.unpoisoned
+    if arr is not None:
+        root.unpoisoned = None
+        arr.fill(dtypes.poison(root.dtype))
+
+
 def values(t: Tensor) -> np.ndarray:
     """The raw stored values of a view (no checks)."""
+    if t.root.unpoisoned is not None:
+        poisoned(t.root)
     if t._slots is not None:
         raise nki_error("err_failed_to_infer_tile_from_local_tensor", name=t.name)
     if t._idx is None:
@@ -1268,6 +1418,15 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
     if dt == dtypes.TF32 or (dt.kind in "iub" and np.asarray(vals).dtype.kind == "f"):
         vals = dtypes.cast(vals, dt)
     idx = t._idx
+    unp = root.unpoisoned
+    if unp is not None:
+        arr = t._arr
+        if add is None and mask is None and idx is None and vals is not None and (
+                arr is unp or (arr.size == unp.size and arr.flags.c_contiguous and
+                               _addr(arr) == _addr(unp))):
+            root.unpoisoned = None        # written whole: no element keeps the poison
+        else:
+            poisoned(root)
     # (overflow to inf / NaN is silent: the run's np.errstate, nkisim.runtime.simulate)
     if add is not None:
         np.add(t._arr, add, out=t._arr)
@@ -1339,6 +1498,8 @@ def _region(t: Tensor) -> Region:
     for n, s in zip(arr.shape, arr.strides):
         if n == 0:
             return Region(root.buffer, root.key, root.name, p_start, p_start, f_start, f_start)
+        if n == 1:
+            continue        # spans nothing (a (128, 1) tile's last stride is the row size)
         if s >= R and s % R == 0:
             p_count = (n - 1) * (s // R) + 1
         else:
@@ -1463,10 +1624,9 @@ def _loop_reduce_into(run, dst: Tensor, value: Tensor) -> None:
 def inplace(t: Tensor, other, opname: str) -> Tensor:
     """``t += x`` etc. ``psum += nisa.nc_matmul(...)`` is the PSUM accumulation pattern."""
     run = context.current()
-    if isinstance(other, Tensor) and other._producer is not None and opname == "add" and \
-            other._producer.op == "nc_matmul" and run.trace.instrs and \
-            run.trace.instrs[-1] is other._producer:
-        instr = other._producer
+    instr = other._producer if isinstance(other, Tensor) else None
+    if instr is not None and opname == "add" and instr.op == "nc_matmul" and \
+            run.trace.instrs and run.trace.instrs[-1] is instr:
         if t.root.buffer != "psum":
             raise nki_error("err_unsupported_memory", param="dst", api="nc_matmul",
                             expected="psum", got=t.root.buffer)
@@ -1475,7 +1635,8 @@ def inplace(t: Tensor, other, opname: str) -> Tensor:
                      f"PSUM accumulator `{t.name}` is {dtypes.name(t.dtype)}: matmul accumulates "
                      "in fp32 PSUM; keep accumulators float32 (CS149 forum) or every partial sum "
                      "is rounded")
-        cur = values(t)
+        if t._slots is not None:
+            values(t)            # err_failed_to_infer_tile_from_local_tensor
         fresh = None
         if t._ws is not None:    # the associative accumulation is exempt from race checks
             root = t.root
@@ -1500,16 +1661,21 @@ def inplace(t: Tensor, other, opname: str) -> Tensor:
                                   "nc_matmul (accumulate)", accumulate=True)
             else:
                 checks.check_read(run, t, "nc_matmul (accumulate)", accumulate=True)
-        inc = fit(values(other), t.shape, other.shape)
+        if other.root.unpoisoned is not None:
+            poisoned(other.root)
+        inc = other._arr if other._idx is None and other._slots is None and \
+            other._arr.shape == t.shape else fit(values(other), t.shape, other.shape)
         if fresh is not None and fresh.any():
-            acc = cur.astype(np.float32) + inc
+            acc = values(t).astype(np.float32) + inc
             write(t, np.where(fresh, inc, acc), "nc_matmul", accumulate=True, run=run)
-        elif cur.dtype == np.float32 and t._idx is None and t.dtype == np.dtype(np.float32):
+        elif t._idx is None and t.dtype == dtypes.F32 and t._slots is None and \
+                t._arr.dtype == dtypes.F32:
             # fp32 PSUM: accumulate in place (one pass over the tile, no temporary)
             write(t, None, "nc_matmul", accumulate=True, run=run, add=inc)
         else:
-            write(t, cur.astype(np.float32) + inc, "nc_matmul", accumulate=True, run=run)
-        inherit_taint(t, other)
+            write(t, values(t).astype(np.float32) + inc, "nc_matmul", accumulate=True, run=run)
+        if other._ws is not None and t._ws is not None and other.root.taint is not None:
+            inherit_taint(t, other)
         instr.writes = (region(t),)
         instr.detail["accumulate"] = True
         run.memory.release(other.root)
