@@ -73,3 +73,43 @@ def test_matmul_accumulates_in_place_like_numpy():
         for k in range(4):
             want += a[k].T @ b[k]
     np.testing.assert_array_equal(nki.simulate_kernel(kernel, a, b), want)
+
+
+def test_a_one_column_tile_covers_all_its_partitions():
+    # A (128, 1) fp32 tile's last stride equals its row size; a size-1 dimension must not be read
+    # as a partition step (it once recorded such tiles as partition 0 only, dropping scheduler
+    # dependencies between the writer and readers of partitions 1..127).
+    from nkisim.runtime import last_run
+
+    a = np.arange(128, dtype=np.float32).reshape(128, 1)
+
+    @nki.jit
+    def kernel(a_in):
+        out = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.load(a_in)
+        y = nisa.tensor_scalar(x, nl.multiply, 2.0)
+        nl.store(out, y)
+        return out
+
+    np.testing.assert_array_equal(nki.simulate_kernel(kernel, a), 2 * a)
+    regions = [r for i in last_run().trace.instrs for r in i.reads + i.writes if r.buffer == "sbuf"]
+    assert regions and all((r.p0, r.p1) == (0, 128) for r in regions), regions
+
+
+def test_a_tile_read_before_any_write_is_still_poisoned():
+    # nl.ndarray tiles are poisoned lazily (issue 12): never-written elements reaching an output
+    # must still be reported (a warning for a kernel-created output, issue 8) and read back as NaN.
+    a = np.ones((128, 8), dtype=np.float32)
+
+    @nki.jit
+    def kernel(a_in):
+        out = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf)
+        t[:, 0:4] = nl.load(a_in[:, 0:4])
+        nl.store(out, t)
+        return out
+
+    with pytest.warns(Warning, match="never written"):
+        out = nki.simulate_kernel(kernel, a)
+    np.testing.assert_array_equal(out[:, :4], 1.0)
+    assert np.isnan(out[:, 4:]).all()
