@@ -87,8 +87,8 @@ def test_a_one_column_tile_covers_all_its_partitions():
     def kernel(a_in):
         out = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.shared_hbm)
         x = nl.load(a_in)
-        y = nisa.tensor_scalar(x, nl.multiply, 2.0)
-        nl.store(out, y)
+        y = nisa.tensor_scalar(x[0:128, 0:1], nl.multiply, 2.0)     # views: regions computed
+        nl.store(out[0:128, 0:1], y[0:128, 0:1])
         return out
 
     np.testing.assert_array_equal(nki.simulate_kernel(kernel, a), 2 * a)
