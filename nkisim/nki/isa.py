@@ -23,6 +23,7 @@ import math
 import numpy as np
 
 from .. import checks, context, dtypes, psum_init
+from .. import collectives as _collectives
 from .. import engines as _core
 from .. import ops as _ops
 from ..errors import nki_error, shape_str
@@ -901,12 +902,51 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
 
 
 # ---------------------------------------------------------------------------------------------
+# between the logical cores of an LNC 2 launch (nkisim.collectives, nkisim.lnc)
+
+# the trace engine of each `engine=` a barrier may run on; the Sync engine (SP) issues DMAs,
+# so its instructions go to the DMA queues' timeline
+_BARRIER_ENGINES = {"gpsimd": "gpsimd", "vector": "vector", "scalar": "scalar",
+                    "tensor": "tensor", "sync": "dma", "unknown": "gpsimd"}
+
+
+@_validated
+def core_barrier(data, cores, engine=engine.gpsimd, name=None):
+    """Every core in ``cores`` waits here until all of them arrive; ``data`` is the shared HBM
+    tensor they synchronise on (nki.isa.core_barrier docs; nkisim.collectives)."""
+    api = "core_barrier"
+    e = _enum(globals()["engine"], engine, api, "engine")
+    if e.name not in _BARRIER_ENGINES:
+        raise _invalid(f"{api} engine {e.name} is not supported; use one of "
+                       f"{', '.join(k for k in _BARRIER_ENGINES if k != 'unknown')}")
+    _tensor(data, api, "data")
+    _collectives.core_barrier(data, cores, engine=_BARRIER_ENGINES[e.name])
+    return _last(name)
+
+
+@_validated
+def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine=dma_engine.dma,
+             name=None):
+    """Send ``src`` to core ``send_to_rank``'s ``dst`` while receiving core
+    ``recv_from_rank``'s ``src`` into ``dst`` (both SBUF, same dtype and layout); the only
+    nisa op whose ``src`` comes before ``dst`` (spec §2.0 item 1). ``dma_engine`` is new in
+    0.3.0 (RN 2.29: "sendrecv(dma_engine=)")."""
+    api = "sendrecv"
+    de = _enum(globals()["dma_engine"], dma_engine, api, "dma_engine")
+    _onchip(src, api, "src", ("sbuf",))
+    _onchip(dst, api, "dst", ("sbuf",))
+    _collectives.sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id,
+                          gpsimd_dma=de is globals()["dma_engine"].gpsimd_dma)
+    return _last(name)
+
+
+# ---------------------------------------------------------------------------------------------
 # the current API's ops nkisim does not simulate yet: a clear error at the call, not an
 # AttributeError (STUB-R32 isa; spec §1 "New ISA ops")
 
 _NOT_SIMULATED = ("dma_compute", "quantize_mx", "nc_matmul_mx", "nc_n_gather",
                   "nonzero_with_count", "topk", "activate2", "exponential", "rng",
-                  "register_alloc", "register_load", "register_move", "core_barrier", "sendrecv")
+                  "register_alloc", "register_load", "register_move")
 
 
 def __getattr__(attr):
