@@ -322,3 +322,63 @@ def test_the_trace_records_one_barrier_and_one_sendrecv_per_core():
     ops = [i.op for i in last_run().trace.instrs]
     assert ops.count("core_barrier") == 2
     del run
+
+
+# ---------------------------------------------------------------------------------------------
+# .ap(scalar_offset=...) as nki-library's indexed_flatten uses it
+
+
+def test_ap_indirect_dim_counts_in_the_shape_of_a_reshaped_view():
+    """``row_offsets.reshape((1, N)).ap(pattern, offset, scalar_offset, indirect_dim=1)`` on a
+    1-D [N] tensor: dim 1 of the view's shape (stride 1) scales the offset (NkiTensor.ap docs:
+    "dimension in self.shape")."""
+    @nki.jit
+    def k(a):
+        n = a.shape[0]
+        out = nl.ndarray((1, 4), dtype=a.dtype, buffer=nl.shared_hbm)
+        start = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.memset(dst=start, value=3)
+        t = nl.ndarray((1, 4), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=a.reshape((1, n)).ap(pattern=[[n, 1], [1, 4]], offset=2,
+                                                        scalar_offset=start, indirect_dim=1))
+        nisa.dma_copy(dst=out, src=t)
+        return out
+    a = np.arange(16, dtype=np.int32)
+    np.testing.assert_array_equal(nki.simulate(k)(a), a[5:9][None, :])
+
+
+def _scatter_at(value, oob):
+    @nki.jit
+    def k(a):
+        out = nl.ndarray((4, 8), dtype=a.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=a)
+        off = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.memset(dst=off, value=value)
+        t = nl.ndarray((2, 8), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.memset(dst=t, value=7)
+        nisa.dma_copy(dst=out.ap(pattern=[[8, 2], [1, 8]], offset=0, scalar_offset=off,
+                                 indirect_dim=0), src=t, oob_mode=oob)
+        return out
+    return nki.simulate(k)(np.zeros((4, 8), np.int32))
+
+
+def test_ap_runtime_offset_in_bounds_writes_its_rows():
+    out = _scatter_at(1, nisa.oob_mode.error)
+    want = np.zeros((4, 8), np.int32)
+    want[1:3] = 7
+    np.testing.assert_array_equal(out, want)
+
+
+def test_ap_runtime_offset_out_of_bounds_is_skipped_with_oob_skip():
+    np.testing.assert_array_equal(_scatter_at(-1000000, nisa.oob_mode.skip),
+                                  np.zeros((4, 8), np.int32))
+    out = _scatter_at(3, nisa.oob_mode.skip)          # row 3 inside, row 4 outside
+    want = np.zeros((4, 8), np.int32)
+    want[3] = 7
+    np.testing.assert_array_equal(out, want)
+
+
+def test_ap_runtime_offset_out_of_bounds_is_an_error_by_default():
+    with pytest.raises(IndexError, match=r"scalar_offset -1000000 puts 16 of 16 elements "
+                                         r"outside `out` \[4, 8\]"):
+        _scatter_at(-1000000, nisa.oob_mode.error)
