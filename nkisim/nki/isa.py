@@ -24,6 +24,8 @@ import numpy as np
 
 from .. import checks, context, dtypes, psum_init
 from .. import collectives as _collectives
+from .. import gather as _gather
+from .. import registers as _registers
 from .. import engines as _core
 from .. import ops as _ops
 from ..errors import nki_error, shape_str
@@ -902,6 +904,63 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
 
 
 # ---------------------------------------------------------------------------------------------
+# GpSimd gathers of the current dialect (nkisim.gather)
+
+
+@_validated
+def nc_n_gather(dst, data, indices, name=None):
+    """Per partition, gather elements of ``data``'s flattened free dims at the uint32
+    ``indices``; ``dst`` has the indices' elements and the data's dtype (SBUF only)."""
+    api = "nc_n_gather"
+    _onchip(dst, api, "dst", ("sbuf",))
+    _onchip(data, api, "data", ("sbuf",))
+    _onchip(indices, api, "indices", ("sbuf",))
+    if dst.dtype != data.dtype:
+        raise _invalid(f"{api} dst dtype {dtypes.name(dst.dtype)} must equal the data dtype "
+                       f"{dtypes.name(data.dtype)}")
+    return _into(dst, _gather.nc_n_gather(data, indices, dtype=dst.dtype), api, name)
+
+
+@_validated
+def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
+    """Indices of the nonzero elements of partitions 0, 16, ..., 112 of ``src`` (+
+    ``index_offset``), ``padding_val`` after them, the count last (NeuronCore-v3+)."""
+    api = "nonzero_with_count"
+    _onchip(dst, api, "dst", ("sbuf",))
+    _onchip(src, api, "src", ("sbuf",))
+    _gather.nonzero_with_count(dst, src, index_offset=index_offset, padding_val=padding_val)
+    return _last(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# engine-sequencer registers (nkisim.registers)
+
+VirtualRegister = _registers.VirtualRegister
+
+
+def register_alloc(x=None):
+    """A virtual register, initialised with the int ``x`` (or a one-element tensor's value), or
+    uninitialised (None). From NKI 0.7 (the tracer front end) a register cannot steer Python
+    control flow (VirtualRegister docs)."""
+    return _registers.register_alloc(x, tracer=at_least("0.7"))
+
+
+def register_move(dst, src):
+    """``dst = src`` (a compile-time int or a register)."""
+    _registers.register_move(dst, src)
+
+
+def register_load(dst, src):
+    """Load the one value of tensor ``src`` (HBM or SBUF, [1] or [1, 1]) into ``dst``."""
+    _registers.register_load(dst, src)
+
+
+def register_store(dst, src):
+    """Store register ``src`` into the one element of tensor ``dst`` (HBM or SBUF)."""
+    _registers.register_store(dst, src)
+
+
+# ---------------------------------------------------------------------------------------------
 # between the logical cores of an LNC 2 launch (nkisim.collectives, nkisim.lnc)
 
 # the trace engine of each `engine=` a barrier may run on; the Sync engine (SP) issues DMAs,
@@ -944,9 +1003,8 @@ def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine=dma_eng
 # the current API's ops nkisim does not simulate yet: a clear error at the call, not an
 # AttributeError (STUB-R32 isa; spec §1 "New ISA ops")
 
-_NOT_SIMULATED = ("dma_compute", "quantize_mx", "nc_matmul_mx", "nc_n_gather",
-                  "nonzero_with_count", "topk", "activate2", "exponential", "rng",
-                  "register_alloc", "register_load", "register_move")
+_NOT_SIMULATED = ("dma_compute", "quantize_mx", "nc_matmul_mx", "topk", "activate2",
+                  "exponential", "rng")
 
 
 def __getattr__(attr):

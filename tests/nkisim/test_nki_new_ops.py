@@ -382,3 +382,218 @@ def test_ap_runtime_offset_out_of_bounds_is_an_error_by_default():
     with pytest.raises(IndexError, match=r"scalar_offset -1000000 puts 16 of 16 elements "
                                          r"outside `out` \[4, 8\]"):
         _scatter_at(-1000000, nisa.oob_mode.error)
+
+
+# ---------------------------------------------------------------------------------------------
+# nc_n_gather, nonzero_with_count
+
+
+@nki.jit
+def n_gather(data, idx):
+    out = nl.ndarray(idx.shape, dtype=data.dtype, buffer=nl.shared_hbm)
+    d = nl.ndarray(data.shape, dtype=data.dtype, buffer=nl.sbuf)
+    i = nl.ndarray(idx.shape, dtype=idx.dtype, buffer=nl.sbuf)
+    g = nl.ndarray(idx.shape, dtype=data.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=d, src=data)
+    nisa.dma_copy(dst=i, src=idx)
+    nisa.nc_n_gather(dst=g, data=d, indices=i)
+    nisa.dma_copy(dst=out, src=g)
+    return out
+
+
+def test_nc_n_gather_gathers_each_partitions_flattened_free_dims():
+    data = rand((32, 4, 8))
+    idx = RNG.integers(0, 32, size=(32, 6, 2)).astype(np.uint32)
+    out = nki.simulate(n_gather)(data, idx)
+    want = np.take_along_axis(data.reshape(32, -1), idx.reshape(32, -1).astype(np.int64),
+                              axis=1).reshape(idx.shape)
+    np.testing.assert_array_equal(out, want)
+
+
+def test_nc_n_gather_rejects_int32_indices_and_indices_past_the_partition():
+    with pytest.raises(TypeError, match="'indices' of 'nc_n_gather' has dtype int32; expected "
+                                        "one of the following dtypes: uint32"):
+        nki.simulate(n_gather)(rand((8, 16)), np.zeros((8, 4), np.int32))
+    with pytest.raises(ValueError, match="index 16 .*outside the 16 elements"):
+        nki.simulate(n_gather)(rand((8, 16)), np.full((8, 4), 16, np.uint32))
+
+
+def test_nc_n_gather_costs_like_a_gpsimd_gather():
+    from nkisim.cost import instr_cost_ns
+    from nkisim.runtime import last_run
+    nki.simulate(n_gather)(rand((16, 64)), np.zeros((16, 32), np.uint32))
+    instr = [i for i in last_run().trace.instrs if i.op == "nc_n_gather"][0]
+    assert instr.engine == "gpsimd" and instr.free == 32
+    # GpSimd start-up + one cycle per element, as local_gather (nkisim.cost)
+    from nkisim.cost import params_for
+    p = params_for("trn2")
+    assert instr_cost_ns(instr, p) == pytest.approx((p.gpsimd_start_cycles + 32) /
+                                                    p.clock_ghz("gpsimd"))
+
+
+def nonzero_ref(x, offset, pad):
+    """The docs' "Behavior" pseudo-code, for one partition."""
+    nz = [i + offset for i in range(len(x)) if x[i] != 0]
+    return nz + [pad] * (len(x) - len(nz)) + [len(nz)]
+
+
+@nki.jit
+def nonzero(x, offset, pad):
+    out = nl.ndarray((x.shape[0], x.shape[1] + 1), dtype=nl.int32, buffer=nl.shared_hbm)
+    t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+    r = nl.ndarray((x.shape[0], x.shape[1] + 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=x)
+    nisa.memset(dst=r, value=7)
+    nisa.nonzero_with_count(dst=r, src=t, index_offset=offset, padding_val=pad)
+    nisa.dma_copy(dst=out, src=r)
+    return out
+
+
+def test_nonzero_with_count_matches_the_docs_example():
+    x = np.zeros((16, 8), np.float32)
+    x[0] = [0, 1, 1, 0, 0, 1, 0, 0]
+    out = nki.simulate(nonzero)(x, 16, -1)
+    np.testing.assert_array_equal(out[0], [17, 18, 21, -1, -1, -1, -1, -1, 3])
+
+
+def test_nonzero_with_count_writes_only_every_16th_partition():
+    x = (RNG.uniform(size=(128, 40)) < 0.3).astype(np.int32) * RNG.integers(-5, 5, (128, 40))
+    x = x.astype(np.int32)
+    out = nki.simulate(nonzero)(x, 3, -9)
+    for p in range(128):
+        want = nonzero_ref(x[p], 3, -9) if p % 16 == 0 else [7] * 41
+        np.testing.assert_array_equal(out[p], want, err_msg=f"partition {p}")
+
+
+def test_nonzero_with_count_errors():
+    with pytest.raises(TypeError, match="'src' of 'nonzero_with_count' has dtype bfloat16"):
+        nki.simulate(nonzero)(np.zeros((16, 8), nl.bfloat16), 0, -1)
+    with pytest.raises(ValueError, match="padding_val must be an int32, got 1.5"):
+        nki.simulate(nonzero)(np.zeros((16, 8), np.float32), 0, 1.5)
+
+
+def test_nonzero_with_count_is_not_on_trn1(monkeypatch):
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
+    with pytest.raises(ValueError, match="NeuronCore-v3 and newer, not on trn1"):
+        nki.simulate(nonzero)(np.zeros((16, 8), np.float32), 0, -1)
+
+
+# ---------------------------------------------------------------------------------------------
+# registers: register_alloc / register_move / register_load / register_store
+
+
+@pytest.fixture
+def nki06(monkeypatch):
+    """NKI 0.6 (the parser front end: nl.dynamic_range and `while reg:` exist)."""
+    monkeypatch.setenv("NKISIM_NKI_VERSION", "0.6")
+
+
+@nki.jit
+def dynamic_rows(a, n_tiles):
+    """Doubles the first n_tiles[0] row tiles of `a`, a run-time trip count loaded into a
+    register (nki-library dynamic_elementwise_add's pattern); the rest stays zero."""
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    z = nl.ndarray((16, a.shape[1]), dtype=a.dtype, buffer=nl.sbuf)
+    nisa.memset(dst=z, value=0.0)
+    for i in range(a.shape[0] // 16):
+        nisa.dma_copy(dst=out[i * 16:(i + 1) * 16, :], src=z)
+    n_sb = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=n_sb, src=n_tiles[0:1].reshape((1, 1)))
+    reg = nisa.register_alloc()
+    nisa.register_load(reg, n_sb)
+    start = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+    nisa.memset(dst=start, value=0)
+    for _ in nl.dynamic_range(0, reg, 1):
+        t = nl.ndarray((16, a.shape[1]), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=a.ap(pattern=[[a.shape[1], 16], [1, a.shape[1]]], offset=0,
+                                      scalar_offset=start, indirect_dim=0))
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=2.0)
+        nisa.dma_copy(dst=out.ap(pattern=[[a.shape[1], 16], [1, a.shape[1]]], offset=0,
+                                 scalar_offset=start, indirect_dim=0), src=t)
+        nisa.tensor_scalar(dst=start, data=start, op0=nl.add, operand0=16)
+    return out
+
+
+def test_register_loaded_from_sbuf_bounds_a_dynamic_range(nki06):
+    a = rand((64, 8))
+    out = nki.simulate(dynamic_rows)(a, np.array([3], np.int32))
+    want = np.zeros_like(a)
+    want[:48] = 2 * a[:48]
+    np.testing.assert_array_equal(out, want)
+
+
+def test_register_move_store_and_while_loop_on_a_register(nki06):
+    @nki.jit
+    def k(a):
+        out = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.shared_hbm)
+        r = nisa.register_alloc(5)
+        counter = nisa.register_alloc(0)
+        cond = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        steps = 0
+        while r:                              # 5, 4, ..., 1: five trips
+            steps += 1
+            nisa.memset(dst=cond, value=5 - steps)
+            nisa.register_load(r, cond)
+        nisa.register_move(counter, steps * 10)
+        copy = nisa.register_alloc()
+        nisa.register_move(copy, counter)
+        res = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.register_store(res, copy)
+        nisa.dma_copy(dst=out, src=res)
+        return out
+    np.testing.assert_array_equal(nki.simulate(k)(rand((2, 2))), [[50]])
+
+
+def test_register_alloc_of_a_tensor_element_loads_it(nki06):
+    @nki.jit
+    def k(a):
+        out = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.shared_hbm)
+        t = nl.ndarray((1, 4), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=a)
+        r = nisa.register_alloc(t[0, 2])      # nki-library all_expert_mx_impl's form
+        res = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.register_store(res, r)
+        nisa.dma_copy(dst=out, src=res)
+        return out
+    np.testing.assert_array_equal(nki.simulate(k)(np.array([[4, 5, 6, 7]], np.int32)), [[6]])
+
+
+def test_register_errors_are_one_line():
+    @nki.jit
+    def uninit(a):
+        r = nisa.register_alloc()
+        nisa.register_move(nisa.register_alloc(), r)
+        return a
+    with pytest.raises(ValueError, match="read before any value was written"):
+        nki.simulate(uninit)(rand((2, 2)))
+
+    @nki.jit
+    def too_big(a):
+        t = nl.ndarray((1, 2), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.memset(dst=t, value=0)
+        nisa.register_load(nisa.register_alloc(), t)
+        return a
+    with pytest.raises(ValueError, match=r"src must hold exactly one element, got \[1, 2\]"):
+        nki.simulate(too_big)(rand((2, 2)))
+    with pytest.raises(ValueError, match="does not fit a 32-bit register"):
+        nki.simulate(lambda a: (nisa.register_alloc(2**31), a)[1])(rand((2, 2)))
+
+
+def test_nki_0_7_tracer_refuses_a_register_in_python_control_flow(monkeypatch):
+    monkeypatch.setenv("NKISIM_NKI_VERSION", "0.7")
+
+    @nki.jit
+    def k(a):
+        r = nisa.register_alloc(1)
+        if r:
+            pass
+        return a
+    with pytest.raises(TypeError, match="tracer front end"):
+        nki.simulate(k)(rand((2, 2)))
+
+
+def test_register_load_is_traced_as_a_4_byte_transfer(nki06):
+    from nkisim.runtime import last_run
+    nki.simulate(dynamic_rows)(rand((32, 8)), np.array([1], np.int32))
+    loads = [i for i in last_run().trace.instrs if i.op == "register_load"]
+    assert len(loads) == 1 and loads[0].engine == "dma" and loads[0].detail["bytes"] == 4
