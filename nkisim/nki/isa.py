@@ -24,6 +24,7 @@ import numpy as np
 
 from .. import checks, context, dtypes, psum_init
 from .. import collectives as _collectives
+from .. import dma_compute as _dma_compute
 from .. import gather as _gather
 from .. import registers as _registers
 from .. import engines as _core
@@ -904,6 +905,31 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
 
 
 # ---------------------------------------------------------------------------------------------
+# DMA compute (nkisim.dma_compute)
+
+
+@_validated
+def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True,
+                oob_mode=oob_mode.error, name=None):
+    """``dst = srcs[0] + srcs[1] + ...`` in fp32 on the DMA engines (HBM or SBUF; only
+    ``nl.add``, scales all 1.0); a read-modify-write scatter/gather with an indirect source.
+    Replaces ``dma_copy(dst_rmw_op=)`` (MIG 0.2->0.3); ``oob_mode`` is new in 0.4.0 (RN
+    2.30)."""
+    api = "dma_compute"
+    if oob_mode is not globals()["oob_mode"].error and not at_least("0.4"):
+        raise TypeError(f"{api}() got an unexpected keyword argument 'oob_mode'")
+    om = _enum(globals()["oob_mode"], oob_mode, api, "oob_mode")
+    _tensor(dst, api, "dst")
+    if isinstance(srcs, (list, tuple)):
+        for i, s in enumerate(srcs):
+            _tensor(s, api, f"srcs[{i}]")
+    _dma_compute.dma_compute(dst, srcs, reduce_op=_tok(reduce_op), scales=scales,
+                             unique_indices=unique_indices,
+                             oob_skip=om is globals()["oob_mode"].skip)
+    return _last(name)
+
+
+# ---------------------------------------------------------------------------------------------
 # GpSimd gathers of the current dialect (nkisim.gather)
 
 
@@ -1003,7 +1029,7 @@ def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine=dma_eng
 # the current API's ops nkisim does not simulate yet: a clear error at the call, not an
 # AttributeError (STUB-R32 isa; spec §1 "New ISA ops")
 
-_NOT_SIMULATED = ("dma_compute", "quantize_mx", "nc_matmul_mx", "topk", "activate2",
+_NOT_SIMULATED = ("quantize_mx", "nc_matmul_mx", "topk", "activate2",
                   "exponential", "rng")
 
 

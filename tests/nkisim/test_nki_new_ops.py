@@ -597,3 +597,87 @@ def test_register_load_is_traced_as_a_4_byte_transfer(nki06):
     nki.simulate(dynamic_rows)(rand((32, 8)), np.array([1], np.int32))
     loads = [i for i in last_run().trace.instrs if i.op == "register_load"]
     assert len(loads) == 1 and loads[0].engine == "dma" and loads[0].detail["bytes"] == 4
+
+
+# ---------------------------------------------------------------------------------------------
+# dma_compute
+
+
+@nki.jit
+def residual_sum(a, b, c):
+    """qkv_tkg's fused residual: dst = hidden + attn_prev + mlp_prev, HBM to HBM."""
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    nisa.dma_compute(out, (a, b, c), scales=(1.0, 1.0, 1.0), reduce_op=nl.add)
+    return out
+
+
+def test_dma_compute_sums_in_fp32_and_rounds_to_dst():
+    import ml_dtypes
+    bf = ml_dtypes.bfloat16
+    a, b, c = (rand((8, 64)).astype(bf) for _ in range(3))
+    out = nki.simulate(residual_sum)(a, b, c)
+    want = (a.astype(np.float32) + b.astype(np.float32) + c.astype(np.float32)).astype(bf)
+    np.testing.assert_array_equal(out.view(np.uint16), want.view(np.uint16))
+
+
+def test_dma_compute_into_sbuf_from_hbm_and_sbuf():
+    @nki.jit
+    def k(a, b):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=b)
+        nisa.dma_compute(dst=t, srcs=[a, t], reduce_op=nl.add)     # t += a (topk_reduce's)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+    a, b = rand((16, 8)), rand((16, 8))
+    np.testing.assert_array_equal(nki.simulate(k)(a, b), a + b)
+
+
+def test_dma_compute_scatter_rmw_with_vector_offset():
+    """Scatter RMW: dst(HBM)[indices] = dst[indices] + src(SB), one source matching dst."""
+    @nki.jit
+    def k(table, upd, idx):
+        out = nl.ndarray(table.shape, dtype=table.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=table)
+        u = nl.ndarray(upd.shape, dtype=upd.dtype, buffer=nl.sbuf)
+        i = nl.ndarray(idx.shape, dtype=idx.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=u, src=upd)
+        nisa.dma_copy(dst=i, src=idx)
+        rows = out.ap(pattern=[[table.shape[1], upd.shape[0]], [1, table.shape[1]]], offset=0,
+                      vector_offset=i, indirect_dim=0)
+        nisa.dma_compute(dst=rows, srcs=[rows, u], reduce_op=nl.add)
+        return out
+    table, upd = rand((10, 4)), rand((3, 4))
+    idx = np.array([[7], [2], [5]], np.int32)
+    want = table.copy()
+    want[[7, 2, 5]] += upd
+    np.testing.assert_array_equal(nki.simulate(k)(table, upd, idx), want)
+
+
+@pytest.mark.parametrize("kw, err, msg", [
+    (dict(reduce_op=nl.multiply), ValueError, "only nl.add is supported for reduce_op"),
+    (dict(scales=(1.0, 2.0)), ValueError, r"all values in scales must be 1.0, got \[1.0, 2.0\]"),
+    (dict(scales=(1.0,)), ValueError, "scales must be a list of 2 values"),
+    (dict(srcs_n=17), ValueError, "at most 16 source tensors, got 17"),
+    (dict(short=True), ValueError, r"element counts differ \(128 vs 64\)"),
+])
+def test_dma_compute_argument_errors(kw, err, msg):
+    @nki.jit
+    def k(a):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        srcs = [a] * kw.get("srcs_n", 2)
+        if kw.get("short"):
+            srcs = [a, a[0:8, :]]
+        nisa.dma_compute(out, srcs, reduce_op=kw.get("reduce_op", nl.add),
+                         scales=kw.get("scales"))
+        return out
+    with pytest.raises(err, match=msg):
+        nki.simulate(k)(rand((16, 8)))
+
+
+def test_dma_compute_is_one_dma_moving_every_source():
+    from nkisim.runtime import last_run
+    nki.simulate(residual_sum)(rand((8, 64)), rand((8, 64)), rand((8, 64)))
+    (instr,) = [i for i in last_run().trace.instrs if i.op == "dma_compute"]
+    assert instr.engine == "dma" and len(instr.reads) == 3
+    assert instr.detail["bytes"] == 3 * 8 * 64 * 4
