@@ -147,10 +147,18 @@ class matmul_perf_mode(enum.Enum):
     double_row = "double_row"
 
 
+@functools.total_ordering
 class nc_version(enum.Enum):
+    """Ordered by generation: nki-library compares them (core/topk/rotational_topk_utils.py
+    ``if nisa.get_nc_version() <= nisa.nc_version.gen2:``, in a kernel AWS's CI simulates)."""
     gen2 = 2
     gen3 = 3
     gen4 = 4
+
+    def __lt__(self, other):
+        if not isinstance(other, nc_version):
+            return NotImplemented
+        return self.value < other.value
 
 
 class dma_engine(enum.Enum):

@@ -681,3 +681,12 @@ def test_dma_compute_is_one_dma_moving_every_source():
     (instr,) = [i for i in last_run().trace.instrs if i.op == "dma_compute"]
     assert instr.engine == "dma" and len(instr.reads) == 3
     assert instr.detail["bytes"] == 3 * 8 * 64 * 4
+
+
+def test_nc_versions_are_ordered_by_generation():
+    """nki-library's topk: ``if nisa.get_nc_version() <= nisa.nc_version.gen2``."""
+    v = nisa.nc_version
+    assert v.gen2 < v.gen3 < v.gen4 and v.gen3 <= v.gen3 and not v.gen4 <= v.gen2
+    assert sorted([v.gen4, v.gen2, v.gen3]) == [v.gen2, v.gen3, v.gen4]
+    with pytest.raises(TypeError):
+        v.gen2 < 3  # noqa: B015
