@@ -690,3 +690,59 @@ def test_nc_versions_are_ordered_by_generation():
     assert sorted([v.gen4, v.gen2, v.gen3]) == [v.gen2, v.gen3, v.gen4]
     with pytest.raises(TypeError):
         v.gen2 < 3  # noqa: B015
+
+
+def test_an_error_in_one_core_while_the_other_waits_is_raised_and_no_thread_is_left():
+    import threading
+    before = threading.active_count()
+
+    @nki.jit
+    def k(a):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        if nl.program_id(0) == 1:
+            nisa.dma_copy(dst=t, src=a[0:4, :])          # 4 rows into 16: a shape error
+        nisa.dma_copy(dst=t, src=a)
+        nisa.dma_copy(dst=out, src=t)
+        nisa.core_barrier(out, (0, 1))
+        return out
+    with pytest.raises(ValueError, match="element counts differ"):
+        nki.simulate(k[2])(rand((16, 8)))
+    with pytest.raises(RuntimeError, match="deadlock"):
+        nki.simulate(barrier_on_core0_only[2])(rand((16, 8)))
+    assert threading.active_count() == before
+
+
+def test_lnc2_runs_are_deterministic():
+    a = rand((64, 16))
+    from nkisim.runtime import last_run
+    exchange_and_add[2](a)
+    first = [(i.op, i.line) for i in last_run().trace.instrs]
+    exchange_and_add[2](a)
+    assert [(i.op, i.line) for i in last_run().trace.instrs] == first
+
+
+def test_sendrecv_costs_as_an_sbuf_to_sbuf_copy_and_the_barrier_as_one_min_ii():
+    from nkisim.cost import instr_cost_ns, params_for
+    from nkisim.runtime import last_run
+
+    @nki.jit
+    def k(a):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        x = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        y = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x, src=a)
+        nisa.dma_copy(dst=y, src=x)                       # the SBUF -> SBUF reference
+        nisa.sendrecv(x, y, send_to_rank=0, recv_from_rank=0, pipe_id=0)
+        nisa.dma_copy(dst=out, src=y)
+        nisa.core_barrier(out, (0,))
+        return out
+    nki.simulate(k)(rand((128, 64)))
+    p = params_for("trn2")
+    instrs = last_run().trace.instrs
+    copy = [i for i in instrs if i.op == "dma_copy"][1]
+    (sr,) = [i for i in instrs if i.op == "sendrecv"]
+    (bar,) = [i for i in instrs if i.op == "core_barrier"]
+    assert instr_cost_ns(sr, p) == pytest.approx(instr_cost_ns(copy, p))
+    assert bar.engine == "gpsimd"
+    assert instr_cost_ns(bar, p) == pytest.approx(p.min_ii_cycles / p.clock_ghz("gpsimd"))
