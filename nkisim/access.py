@@ -87,15 +87,16 @@ def access_pattern(t: Tensor, pattern, offset=0, scalar_offset=None, vector_offs
     rshape = tuple(root.shape)
     off = int(offset)
     dynamic = None
+    # "indirect_dim: dimension in ``self.shape`` whose stride scales the indirect scalar/
+    # vector offset" (nki.language NkiTensor.ap docs, aws-neuron-sdk @81ce03ae): a view
+    # spanning the whole storage (a reshape) counts in its own shape; nki-library's
+    # indexed_flatten calls `row_offsets.reshape((1, N)).ap(..., indirect_dim=1)` on a 1-D [N]
+    # tensor, and router_topk `expert_affinities.reshape((T * E,)).ap(..., vector_offset=idx,
+    # indirect_dim=0)` on a [T, E] one, with element indices
+    dshape = tuple(t.shape) if math.prod(t.shape) == math.prod(rshape) and \
+        t._idx is None else rshape
     if scalar_offset is not None:
         d = int(indirect_dim)
-        # "indirect_dim: dimension in ``self.shape`` whose stride scales the indirect scalar/
-        # vector offset" (nki.language NkiTensor.ap docs, aws-neuron-sdk @81ce03ae): a view
-        # spanning the whole storage (a reshape) counts in its own shape; nki-library's
-        # indexed_flatten calls `row_offsets.reshape((1, N)).ap(..., indirect_dim=1)` on a
-        # 1-D [N] tensor
-        dshape = tuple(t.shape) if math.prod(t.shape) == math.prod(rshape) and \
-            t._idx is None else rshape
         if not 0 <= d < len(dshape):
             raise nki_error("nkisim_invalid_argument", api=api,
                             why=f"indirect_dim {d} out of range for {list(dshape)}")
@@ -148,7 +149,7 @@ def access_pattern(t: Tensor, pattern, offset=0, scalar_offset=None, vector_offs
     first = start - _addr(owner) + byte0
     if vector_offset is not None:
         return _indirect(t, pairs, shape, strides, first, base, sdt, dt, vector_offset,
-                         indirect_dim, rshape, rsz, isz, onchip, api)
+                         indirect_dim, dshape, rsz, isz, onchip, api)
     arr = as_strided(base[first:first + isz].view(sdt), shape=shape, strides=strides)
     # the shadow (epoch of the last write per element of the storage tensor's dtype)
     w = None

@@ -746,3 +746,27 @@ def test_sendrecv_costs_as_an_sbuf_to_sbuf_copy_and_the_barrier_as_one_min_ii():
     assert instr_cost_ns(sr, p) == pytest.approx(instr_cost_ns(copy, p))
     assert bar.engine == "gpsimd"
     assert instr_cost_ns(bar, p) == pytest.approx(p.min_ii_cycles / p.clock_ghz("gpsimd"))
+
+
+def test_ap_vector_offset_on_a_flattened_view_indexes_elements():
+    """nki-library router_topk: ``expert_affinities.reshape((T * E,)).ap([[s, P], [1, 1]],
+    vector_offset=idx, indirect_dim=0)`` scatters one value per partition to element idx[p]
+    of the [T, E] tensor (dim 0 of the 1-D view: stride 1)."""
+    @nki.jit
+    def k(table, vals, idx):
+        out = nl.ndarray(table.shape, dtype=table.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=table)
+        v = nl.ndarray(vals.shape, dtype=vals.dtype, buffer=nl.sbuf)
+        i = nl.ndarray(idx.shape, dtype=idx.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=v, src=vals)
+        nisa.dma_copy(dst=i, src=idx)
+        flat = out.reshape((table.shape[0] * table.shape[1],))
+        nisa.dma_copy(dst=flat.ap([[1, vals.shape[0]], [1, 1]], offset=0, vector_offset=i,
+                                  indirect_dim=0), src=v)
+        return out
+    table = np.zeros((4, 6), np.float32)
+    vals = rand((3, 1))
+    idx = np.array([[5], [13], [22]], np.int32)
+    want = table.copy().reshape(-1)
+    want[[5, 13, 22]] = vals[:, 0]
+    np.testing.assert_array_equal(nki.simulate(k)(table, vals, idx), want.reshape(4, 6))
