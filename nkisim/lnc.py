@@ -106,8 +106,8 @@ class Instances:
         """Run instance i in this thread; False when the launch failed. When it ends, the
         baton goes to the next instance, unless this is the caller's thread (``main``) and no
         instance is suspended: ``run_all`` then starts the next one itself."""
-        self._begin(i, fresh)
         try:
+            self._begin(i, fresh)
             self.results[i] = self.body(i)
         except _Aborted:
             return False
@@ -117,6 +117,8 @@ class Instances:
         with self.cv:
             self.state[i] = "done"
             self.waits[i] = None
+            if self.error is not None:
+                return False
             if all(s == "done" for s in self.state):
                 self.turn = None
                 self.cv.notify_all()
@@ -185,6 +187,8 @@ class Instances:
     def wait(self, me, pred, what: str) -> None:
         """Instance ``me`` goes on once ``pred()`` holds, letting the others run meanwhile."""
         with self.cv:
+            if self.error is not None:       # the launch failed meanwhile: unwind
+                raise _Aborted()
             self.waits[me] = (pred, what)
             self.state[me] = "waiting"
             j = self._pick(me)
@@ -281,7 +285,7 @@ class Instances:
         with self.cv:
             self.cv.notify_all()
         me = threading.current_thread()
-        for t in self.threads:
+        for t in list(self.threads):
             if t is not me:
                 t.join()
 
