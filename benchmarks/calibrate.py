@@ -8,7 +8,10 @@ solution: nc_latency p99 of the course harness run with ``--profile``, hence ``-
 the trn1 solution's solution.md (p99 nc_latency). Prints every row, checks the targets of the
 cost-model issues (every conv2d row within 20%, every other row within 25%, median |error| <= 10%
 per target, rows in the measured order of speed), and ends with
-``median abs error: trn2 X% trn1 Y%; conv2d max abs error Z%``.
+``median abs error: trn2 X% trn1 Y%; conv2d max abs error Z%``. The conv2d rows also show the
+model's MFU: neuron-profile's ``mfu_estimated_percent`` (MFU) and the figure the CS149-era profiler
+GUI showed (GUI: fp32 matmuls counted twice, ``Schedule.mfu_profile_gui``); seed 000 reports
+90% (fp16) and 41% (fp32) from that GUI.
 
     python benchmarks/calibrate.py [--trn2-solution DIR] [--trn1-solution DIR]
     python benchmarks/calibrate.py --derive   # re-derive the fitted constants from the rows
@@ -290,12 +293,14 @@ def main(argv=None) -> int:
         return 0 if derive(rng) else 1
     results = []
     print(f"{'target':6} {'kernel / setting':38} {'measured us':>12} {'estimate us':>12} "
-          f"{'error':>8} {'MFU':>6}  note")
+          f"{'error':>8} {'MFU':>6} {'GUI':>6}  note")
 
     def show(row, est, wall, mfu=None):
+        # mfu: (neuron-profile's mfu_estimated_percent, as the CS149-era profiler GUI showed it)
         err = (est - row.measured_us) / row.measured_us
         results.append((row, est, err))
-        m = f"{100 * mfu:5.1f}%" if mfu is not None else f"{'':6}"
+        m = (f"{100 * mfu[0]:5.1f}% {100 * mfu[1]:5.1f}%" if mfu is not None
+             else f"{'':13}")
         print(f"{row.target:6} {row.name:38} {row.measured_us:12.1f} {est:12.1f} "
               f"{100 * err:+7.1f}% {m}  {row.note}{' ' if row.note else ''}(sim {wall:.1f} s)",
               flush=True)
@@ -320,7 +325,7 @@ def main(argv=None) -> int:
         kernel = _load_solution(path)
         for row in rows:
             est, wall, sched = estimate_conv(row, kernel, rng)
-            show(row, est, wall, sched.mfu)
+            show(row, est, wall, (sched.mfu, sched.mfu_profile_gui))
     ok = True
     med = {}
     for target in ("trn2", "trn1"):

@@ -75,9 +75,32 @@ def test_matmul_128x128x512_bf16_trn2():
     assert compute_ns(mm(128, 512), P1) == pytest.approx(512 / 2.8)
 
 
-def test_matmul_fp32_is_4x():
-    assert matmul_cycles(mm(128, 512, fp32=True), P2) == 4 * 512
-    assert compute_ns(mm(128, 512, fp32=True), P2) == pytest.approx(4 * 512 / 2.4)
+def test_matmul_fp32_is_4x_on_nc_v2():
+    # "For FP32 input data type, the instruction cost is roughly 4x higher" (trn1 arch guide)
+    assert matmul_cycles(mm(128, 512, fp32=True), P1) == 4 * 512
+    assert compute_ns(mm(128, 512, fp32=True), P1) == pytest.approx(4 * 512 / 2.8)
+
+
+def test_matmul_fp32_on_nc_v3_is_the_course_reference_ratio():
+    # NC-v3: the fp32 / fp16 latency ratio of the course's optimized reference conv2d on trn2,
+    # from its thresholds 4596 / 1002 us (cs149 §2; each 120% of its device p99).
+    f = 4596 / 1002
+    assert 4.58 < f < 4.59
+    assert matmul_cycles(mm(128, 512, fp32=True), P2) == pytest.approx(f * 512)
+    assert compute_ns(mm(128, 512, fp32=True), P2) == pytest.approx(f * 512 / 2.4)
+    # the measured trn2 solution (seed 000: 3832 us fp32 / 824 us fp16, the same kernel) is at
+    # least as far above the documented 4x: the factor is not above what either device shows
+    assert 4 < f <= 3832 / 824
+    # a short moving tile keeps MM_INIT_LATENCY as its bf16 floor, scaled the same way
+    assert matmul_cycles(mm(128, 16, fp32=True), P2) == pytest.approx(f * 64)
+
+
+def test_fp32_load_stationary_and_adjusted_flops_keep_the_documented_4x():
+    # LoadStationary of an fp32 stationary: x4 (the documented fp32 rule) on both targets;
+    # neuron-profile's adjusted_flops weight "FP32 uses 4.0x" is a definition, not a rate
+    for p in (P1, P2):
+        assert load_stationary_cycles(mm(128, 512, fp32=True), p) == 4 * 128 / 4
+        assert adjusted_flops_factor(mm(128, 512, fp32=True), p) == 4
 
 
 @pytest.mark.parametrize("m,n,expected", [

@@ -225,6 +225,18 @@ def test_mfu_definition():
     assert s.mfu_adjusted == pytest.approx(s.mfu)
     s32 = run([mm(sb("w"), sb("x"), ps, fp32=True)])
     assert s32.mfu_adjusted == pytest.approx(4 * s32.mfu)          # adjusted_hardware_flops x4
+    # the CS149-era profiler GUI counts each fp32 matmul twice (two FP32_LO_HI instructions)
+    assert s.mfu_profile_gui == pytest.approx(s.mfu)
+    assert s32.mfu_profile_gui == pytest.approx(2 * s32.mfu)
+    assert "profiler GUI shows it" in s32.format_summary()
+    assert "profiler GUI" not in s.format_summary()
+    # the x4 weight is neuron-profile's definition on both targets, whatever the fp32 PE rate
+    s32_trn1 = run([mm(sb("w"), sb("x"), ps, fp32=True)], target="trn1")
+    assert s32_trn1.mfu_adjusted == pytest.approx(4 * s32_trn1.mfu)
+    # fp32 matmuls take 4596 / 1002 x the bf16 time on trn2 (nkisim.cost, COST_PARAMS)
+    s16 = run([mm(sb("w"), sb("x"), ps)])
+    assert s32.makespan_ns - s16.makespan_ns == pytest.approx((4596 / 1002 - 1) * 512 / 2.4
+                                                              + 3 * 128 / 4 / 2.4)
     # a long stream of back-to-back bf16 matmuls approaches 100% of peak (launch excluded)
     many = run([mm(sb("w"), sb("x"), ps, accumulate=k > 0) for k in range(2000)])
     assert many.model_flops / (many.peak_ops_per_ns * many.makespan_ns) > 0.99
