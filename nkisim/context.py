@@ -143,6 +143,8 @@ class Run:
     rules: Rules = BETA1                              # the launching face's language rules
     # (shape, dtype, buffer, nl api) -> tensor._TileSpec: tile shapes validated (issue 12)
     alloc_specs: dict = field(default_factory=dict)
+    lnc: object = None                                # nkisim.lnc.Instances of a multi-
+    #                                                   instance launch (None: one instance)
 
     # ---- loops and epochs ----
     def new_epoch(self, loop: Loop, iteration: int) -> int:
