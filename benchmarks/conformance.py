@@ -580,6 +580,13 @@ def _env(extra_path) -> dict:
     # the ids one process collects are "not found" in the next (its conftest pins the seed for
     # xdist workers the same way, NEURON_PYTHONHASHSEED=0)
     env.setdefault("PYTHONHASHSEED", "0")
+    # ... and its coverage_parametrize draws random "pairs"/boundary cases while collecting
+    # (test/utils/coverage_parametrized_tests.py: random.sample/choice/shuffle), seeded per test
+    # function only when NEURON_PYTHONHASHSEED is set (test/conftest.py sets it to 0 for xdist
+    # workers, "to ensure identical test collection"); unseeded, every process collects other
+    # test ids, which is why a sample chosen from one collection was "not found" in the next
+    # (the 0/0 of the old whole-corpus --per-file). Same seed as their xdist workers.
+    env.setdefault("NEURON_PYTHONHASHSEED", "0")
     env.pop("PYTEST_ADDOPTS", None)
     return env
 
