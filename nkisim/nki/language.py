@@ -133,10 +133,33 @@ finfo = _ops.finfo
 
 class NKIObject:
     """``nl.NKIObject``: the base class of user classes a kernel may use (nki-library's
-    configuration dataclasses and TensorView derive from it). On nkisim kernels are plain Python,
-    so it adds nothing."""
+    configuration dataclasses and TensorView derive from it). On nkisim kernels are plain Python.
+
+    One difference from a plain Python base: a ``@dataclass`` subclass's class attributes without
+    an annotation are fields too (with that default), so ``SectionParams(section_idx=i, ...)``
+    works for ``@dataclass class SectionParams(nl.NKIObject): section_idx = None`` (AWS's
+    nki-library attention_cte.py builds its SectionParams that way; plain ``dataclasses`` would
+    raise "unexpected keyword argument"). They are added after the annotated fields, all with
+    defaults, so the field order stays valid. A mutable default (unhashable: a list, dict, set,
+    dataclass instance) is left a plain class attribute: dataclasses rejects it as a default, and
+    the class may not be a dataclass at all."""
 
     __slots__ = ()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        import dataclasses
+
+        own = cls.__dict__.get("__annotations__")
+        if own is None:
+            own = {}
+            cls.__annotations__ = own
+        for name, value in list(cls.__dict__.items()):
+            if name.startswith("_") or name in own or callable(value) or \
+                    hasattr(value, "__get__") or isinstance(value, dataclasses.Field) or \
+                    type(value).__hash__ is None:      # what dataclasses calls mutable
+                continue
+            own[name] = "typing.Any"
 
 
 # ---------------------------------------------------------------------------------------------

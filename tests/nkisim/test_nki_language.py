@@ -610,6 +610,37 @@ def test_nkiobject_and_typing():
     assert nki.dtype is nl.dtype
 
 
+def test_nkiobject_dataclass_fields_include_unannotated_class_attributes():
+    """AWS's nki-library attention_cte.py: `@dataclass class SectionParams(nl.NKIObject):
+    section_idx = None ...` is built as SectionParams(section_idx=..., ...)."""
+    @dataclasses.dataclass
+    class Section(nl.NKIObject):
+        size: int
+        idx = None
+        offset = 0
+        table = [1, 2]                 # unhashable: stays a class attribute
+
+        def end(self):
+            return self.offset + self.size
+
+        @property
+        def twice(self):
+            return 2 * self.size
+
+    s = Section(4, idx=1, offset=8)
+    assert [f.name for f in dataclasses.fields(Section)] == ["size", "idx", "offset"]
+    assert (s.idx, s.offset, s.end(), s.twice, s.table) == (1, 8, 12, 8, [1, 2])
+    assert Section(2).idx is None and Section(2).offset == 0
+    with pytest.raises(TypeError):
+        Section(2, table=[3])
+
+    class Plain(nl.NKIObject):         # not a dataclass: class attributes as Python has them
+        idx = None
+    p = Plain()
+    p.idx = 3
+    assert (p.idx, Plain.idx) == (3, None)
+
+
 @pytest.mark.parametrize("name,ref", [
     # GELU's sigmoid approximation x * sigmoid(1.702 x) (Hendrycks & Gimpel 2016, §2) and the
     # derivatives of silu / gelu, by central differences of NumPy references
