@@ -823,7 +823,7 @@ def _unary(name, x, dtype, mask):
         out = np.invert(v.astype(np.int64)) if v.dtype != np.bool_ else ~v
         engine = VECTOR
     else:
-        if run.allocated_kernel:
+        if run.allocated_kernel and run.rules.allocated_kernel_rules:
             # nl.exp & co. are ScalarE `activation` instructions, which need an explicit bias
             # tile in allocated kernels: use nisa.activation(..., bias=...) (ref §2.1)
             raise nki_error("err_bias_tensor_must_be_specified_in_allocation")

@@ -75,3 +75,26 @@ def test_shared_constant_reads_a_npy_file(tmp_path):
 
     with pytest.raises(Exception, match="cannot read the constant file"):
         nki.simulate(missing)(np.zeros_like(m))
+
+
+def test_address_placed_kernel_may_omit_the_bias_and_transpose_on_tensore():
+    """Beta 1's "allocated NKI kernels" restrictions (activation needs a bias tile, no TensorE
+    transpose) are not rules of nki 0.3+: AWS's nki-library places tensors with address= (its
+    SbufManager) and, in the same kernels (attention_tkg), calls activation without bias and
+    nc_transpose on the Tensor Engine."""
+    @nki.jit
+    def exp_then_transpose(x):
+        out = nl.ndarray((64, 128), dtype=x.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 64), dtype=x.dtype, buffer=nl.sbuf, address=(0, 0))
+        e = nl.ndarray((128, 64), dtype=x.dtype, buffer=nl.sbuf, address=(0, 1024))
+        p = nl.ndarray((64, 128), dtype=x.dtype, buffer=nl.psum, address=(0, 0))
+        r = nl.ndarray((64, 128), dtype=x.dtype, buffer=nl.sbuf, address=(0, 2048))
+        nisa.dma_copy(dst=t, src=x)
+        nisa.activation(dst=e, op=nl.exp, data=t)
+        nisa.nc_transpose(dst=p, data=e, engine=nisa.engine.tensor)
+        nisa.tensor_copy(dst=r, src=p)
+        nisa.dma_copy(dst=out, src=r)
+        return out
+
+    x = np.linspace(-2, 2, 128 * 64, dtype=np.float32).reshape(128, 64)
+    np.testing.assert_allclose(nki.simulate(exp_then_transpose)(x), np.exp(x).T, rtol=1e-6)
