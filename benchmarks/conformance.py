@@ -466,7 +466,7 @@ HEAD_NOT_RUNNABLE = {
     ("mxfp-matmul", "mx_kernels"): (
         3, "not runnable on NKI >= 0.3: its three kernels are decorated "
            "@nki.jit(platform_target=\"trn3\"), an error since NKI 0.3.0 (RN 2.29, MIG 0.2->0.3; "
-           "the repo's HEAD predates 0.3.0) and they need a trn3 (nc_matmul_mx, quantize_mx)"),
+           "the repo's HEAD, 2026-02-10, predates 0.3.0, 2026-04-09)"),
 }
 
 HEAD_DRIVER = '''\
