@@ -85,12 +85,6 @@ def access_pattern(t: Tensor, pattern, offset=0, scalar_offset=None, vector_offs
     onchip = root.buffer != "hbm"
     # the storage tensor's logical shape (what trivial strides and indirect_dim refer to)
     rshape = tuple(root.shape)
-    if tuple(t.shape) != rshape and t._arr.flags.c_contiguous and t._off == root.base_off and \
-            t._arr.nbytes == math.prod(rshape) * dtypes.storage(root.dtype).itemsize:
-        # a reshape of the whole storage is that storage under another shape, and indirect_dim
-        # counts its dimensions: AWS's nki-library indexed_flatten.py reads a 1-D HBM tensor as
-        # `row_offsets.reshape((1, N)).ap([[N, 1], [1, E]], scalar_offset=s, indirect_dim=1)`
-        rshape = tuple(t.shape)
     off = int(offset)
     if scalar_offset is not None:
         d = int(indirect_dim)

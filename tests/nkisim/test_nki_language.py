@@ -300,34 +300,6 @@ def test_ap_scalar_offset_selects_a_row_at_run_time():
     np.testing.assert_array_equal(run(k, a, np.array([[11]], np.int32)), a[11:12])
 
 
-def test_ap_indirect_dim_counts_the_dims_of_a_whole_reshape():
-    """indirect_dim refers to the shape `.ap` is called on when that is a reshape of the whole
-    storage (AWS's nki-library indexed_flatten.py: a 1-D tensor reshaped to (1, N), indirect_dim
-    1): the scalar offset moves by prod(shape[d+1:]) elements of that shape."""
-    def k(a, start):
-        s_sb = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=s_sb, src=start)
-        row = nl.ndarray((1, 5), dtype=a.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=row, src=a.reshape((1, 40)).ap([[40, 1], [1, 5]], offset=2,
-                                                          scalar_offset=s_sb, indirect_dim=1))
-        out = nl.ndarray((1, 5), dtype=a.dtype, buffer=nl.shared_hbm)
-        nisa.dma_copy(dst=out, src=row)
-        return out
-    a = rand((40,))
-    np.testing.assert_array_equal(run(k, a, np.array([[7]], np.int32)), a[None, 9:14])
-
-    def k3(a, start):       # on a (2, 4, 5) reshape, indirect_dim 1 moves by whole rows of 5
-        s_sb = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=s_sb, src=start)
-        row = nl.ndarray((1, 5), dtype=a.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=row, src=a.reshape((2, 4, 5)).ap([[20, 1], [1, 5]], offset=0,
-                                                            scalar_offset=s_sb, indirect_dim=1))
-        out = nl.ndarray((1, 5), dtype=a.dtype, buffer=nl.shared_hbm)
-        nisa.dma_copy(dst=out, src=row)
-        return out
-    np.testing.assert_array_equal(run(k3, a, np.array([[3]], np.int32)), a[None, 15:20])
-
-
 def test_ap_vector_offset_gathers_rows():
     def k(a, idx):
         i_sb = nl.ndarray((4, 1), dtype=nl.int32, buffer=nl.sbuf)
