@@ -146,6 +146,24 @@ class NKIObject:
 
     __slots__ = ()
 
+    def __init__(self, *args, **kwargs):
+        """Without @dataclass, too, a subclass is built from its fields by keyword (or by
+        position, in annotation order): AWS's nki-library moe_cte builds
+        ``DimensionSizes(T=T, H=H, B=B, E=E, N=N, I_TP=i)`` and ``Configs(...)``, plain
+        ``NKIObject`` subclasses with annotated attributes, leaving the fields it derives later
+        unset. A name that is not a field (annotated or a class attribute) is a TypeError."""
+        fields = _nkiobject_fields(type(self))
+        if len(args) > len(fields):
+            raise TypeError(f"{type(self).__name__}() takes at most {len(fields)} positional "
+                            f"arguments ({len(args)} given)")
+        for name, value in zip(fields, args):
+            setattr(self, name, value)
+        for name, value in kwargs.items():
+            if name not in fields and not hasattr(type(self), name):
+                raise TypeError(f"{type(self).__name__}() got an unexpected keyword argument "
+                                f"'{name}'")
+            setattr(self, name, value)
+
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         import dataclasses
@@ -160,6 +178,16 @@ class NKIObject:
                     type(value).__hash__ is None:      # what dataclasses calls mutable
                 continue
             own[name] = "typing.Any"
+
+
+def _nkiobject_fields(cls) -> list:
+    """The annotated attribute names of an NKIObject subclass, base classes first."""
+    out = []
+    for klass in reversed(cls.__mro__):
+        for name in klass.__dict__.get("__annotations__", {}):
+            if name not in out and not name.startswith("__"):
+                out.append(name)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

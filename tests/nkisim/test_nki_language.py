@@ -613,6 +613,34 @@ def test_nkiobject_dataclass_fields_include_unannotated_class_attributes():
     assert (p.idx, Plain.idx) == (3, None)
 
 
+def test_nkiobject_subclass_without_dataclass_is_built_from_its_fields():
+    """AWS's nki-library moe_cte: `class DimensionSizes(NKIObject): B: int ...` (no @dataclass)
+    built as DimensionSizes(T=T, H=H, ...), the derived fields set later by a method."""
+    class Dims(nl.NKIObject):
+        B: int
+        H: int
+        area: int
+        mode = "x"
+
+        def derive(self):
+            self.area = self.B * self.H
+
+    d = Dims(B=2, H=3)
+    d.derive()
+    assert (d.B, d.H, d.area, d.mode) == (2, 3, 6, "x")
+    assert Dims(4, 5).H == 5                            # by position, in annotation order
+    assert Dims(2, 3, mode="y").mode == "y"
+    with pytest.raises(TypeError, match="unexpected keyword argument 'Q'"):
+        Dims(Q=1)
+    with pytest.raises(TypeError, match="at most 4 positional"):
+        Dims(1, 2, 3, 4, 5)
+
+    class Own(nl.NKIObject):          # a class with its own __init__ keeps it
+        def __init__(self, x):
+            self.x = 2 * x
+    assert Own(5).x == 10
+
+
 @pytest.mark.parametrize("name,ref", [
     # GELU's sigmoid approximation x * sigmoid(1.702 x) (Hendrycks & Gimpel 2016, §2) and the
     # derivatives of silu / gelu, by central differences of NumPy references
