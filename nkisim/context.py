@@ -108,6 +108,13 @@ class Rules:
     # places tensors with address= through its SbufManager and calls activation without bias
     # and nc_transpose on TensorE in the same kernels, e.g. attention_tkg).
     allocated_kernel_rules: bool = True
+    # `if t:` on a tensor of several elements: Beta 1's err_ambiguous_tensor_truth_value
+    # (reference §4). In nki 0.3+ a tensor is an object handle and tests true: AWS's
+    # nki-library (mlp_tkg_constants.py) tests an optional tensor argument with
+    # `if params.expert_params and params.expert_params.expert_index:` (an HBM input). A
+    # one-element SBUF/PSUM tile still cannot steer Python (err_dynamic_control_flow_not_
+    # supported, both dialects): its value is what such a test would mean.
+    tensor_handle_truthy: bool = False
 
 
 BETA1 = Rules()

@@ -98,3 +98,34 @@ def test_address_placed_kernel_may_omit_the_bias_and_transpose_on_tensore():
 
     x = np.linspace(-2, 2, 128 * 64, dtype=np.float32).reshape(128, 64)
     np.testing.assert_allclose(nki.simulate(exp_then_transpose)(x), np.exp(x).T, rtol=1e-6)
+
+
+def test_a_tensor_argument_tests_true_as_an_object_handle():
+    """AWS's nki-library (mlp_tkg_constants.py) tests an optional tensor argument with
+    `if params.expert_index:`; in nki 0.3+ a tensor is a handle and tests true. A one-element
+    SBUF tile cannot steer Python (a dynamic-control-flow error)."""
+    @nki.jit
+    def pick(x, idx=None):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x)
+        if idx:
+            nisa.activation(dst=t, op=nl.exp, data=t)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    x = np.linspace(-1, 1, 128 * 4, dtype=np.float32).reshape(128, 4)
+    np.testing.assert_allclose(nki.simulate(pick)(x, np.zeros((4, 2), np.int32)), np.exp(x),
+                               rtol=1e-6)
+    np.testing.assert_array_equal(nki.simulate(pick)(x), x)
+
+    @nki.jit
+    def branch_on_value(x):
+        t = nl.ndarray((1, 1), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x)
+        if t:
+            pass
+        return x
+
+    with pytest.raises(Exception, match="dynamic control-flow depending on tensor value"):
+        nki.simulate(branch_on_value)(np.ones((1, 1), np.float32))
