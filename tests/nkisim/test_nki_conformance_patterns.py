@@ -129,3 +129,27 @@ def test_a_tensor_argument_tests_true_as_an_object_handle():
 
     with pytest.raises(Exception, match="dynamic control-flow depending on tensor value"):
         nki.simulate(branch_on_value)(np.ones((1, 1), np.float32))
+
+
+def test_one_input_alu_op_as_op0_is_an_abs_max():
+    """ALU op table (tbl-aluop): abs is a one-input ALU op; AWS's nki-library rmsnorm_quant.py
+    computes a row's abs-max with tensor_scalar_reduce(op0=nl.abs, operand0=0.0,
+    reduce_op=nl.maximum). The operand is ignored."""
+    @nki.jit
+    def absmax(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        amax = nl.ndarray((x.shape[0], 1), dtype=x.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        a = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        m = nl.ndarray((x.shape[0], 1), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x)
+        nisa.tensor_scalar_reduce(dst=a, data=t, op0=nl.abs, operand0=0.0,
+                                  reduce_op=nl.maximum, reduce_res=m)
+        nisa.dma_copy(dst=out, src=a)
+        nisa.dma_copy(dst=amax, src=m)
+        return out, amax
+
+    x = np.random.default_rng(3).uniform(-5, 5, (128, 16)).astype(np.float32)
+    got, amax = nki.simulate(absmax)(x)
+    np.testing.assert_array_equal(got, np.abs(x))
+    np.testing.assert_array_equal(amax[:, 0], np.abs(x).max(axis=1))
