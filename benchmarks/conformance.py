@@ -205,6 +205,16 @@ def pytest_runtest_call(item):
         signal.signal(signal.SIGALRM, old)
 
 
+# nki-library: a test marked with another test mode runs in that mode whatever --test-mode
+# says (test/conftest.py `trace_mode` fixture: "Markers override the session default"); a
+# trace_only test runs NKI's compiler front end (nki.compiler.frontend), not a simulator
+OTHER_MODES = ("trace_only", "compile_only", "compile_and_infer")
+
+
+def _other_mode(item):
+    return any(item.get_closest_marker(m) is not None for m in OTHER_MODES)
+
+
 def _skipped(item):
     if item.get_closest_marker("skip") is not None:
         return True
@@ -225,11 +235,12 @@ def pytest_collection_modifyitems(session, config, items):
         by_file.setdefault(item.nodeid.split("::")[0], []).append(item)
     keep, info = set(), {}
     for path, its in by_file.items():
-        run = [i for i in its if not _skipped(i)]
+        run = [i for i in its if not _skipped(i) and not _other_mode(i)]
         pick = run if len(run) <= per else [run[(k * len(run)) // per] for k in range(per)]
         keep.update(id(i) for i in pick)
-        info[os.path.basename(path)] = {"collected": len(its), "runnable": len(run),
-                                        "sampled": len(pick)}
+        info[os.path.basename(path)] = {
+            "collected": len(its), "runnable": len(run), "sampled": len(pick),
+            "other_mode": sum(1 for i in its if not _skipped(i) and _other_mode(i))}
     config.hook.pytest_deselected(items=[i for i in items if id(i) not in keep])
     items[:] = [i for i in items if id(i) in keep]
     with open(os.environ["NKISIM_SAMPLE_INFO"], "w") as f:
@@ -676,7 +687,9 @@ def run_pytest(corpus: str, cwd: str, targets: list, pythonpath: list, extra: li
             r.passed += 1
     for key, v in info.items() if sample else ():
         r = results.setdefault(key, FileResult(key))
-        r.sample = f"{v['sampled']} of {v['runnable']} runnable ({v['collected']} collected)"
+        other = f", {v['other_mode']} marked trace/compile-only" if v.get("other_mode") else ""
+        r.sample = (f"{v['sampled']} of {v['runnable']} runnable ({v['collected']} collected"
+                    f"{other})")
     return results
 
 

@@ -144,6 +144,11 @@ def test_skipped(j):
 
 def test_slow():
     time.sleep(30)
+
+
+@pytest.mark.trace_only
+def test_traced():
+    pass
 '''
 
 
@@ -156,7 +161,7 @@ def test_per_file_sample_is_chosen_in_the_running_process(conformance_module, tm
                                         timeout=120, sample=4)
     r = res["test_sampled.py"]
     assert (r.passed, r.failed) == (4, 0)
-    assert r.sample == "4 of 11 runnable (13 collected)"
+    assert r.sample == "4 of 11 runnable (14 collected, 1 marked trace/compile-only)"
     res = conformance_module.run_pytest("x", str(tmp_path), ["test_sampled.py"], [], [],
                                         timeout=120, sample=11, test_timeout=2)
     r = res["test_sampled.py"]
