@@ -120,6 +120,13 @@ UPSTREAM_FAILING = {
          "\"mask_out_hbm.must_alias_input\" and UnitTestFramework.run_test passes the "
          "generator's dict unchanged to the descriptor (test/utils/unit_test_framework.py), "
          "before any simulator runs"),
+        (("is not supported by nkisim: collectives are not simulated",),
+         "not runnable upstream: nki.collectives is not implemented by AWS's simulator either "
+         "(NKI docs, nki.simulate 'Simulation Limitations'; nki-current §3)"),
+        (("'PerRankLazyInputGenerator' object has no attribute 'items'",),
+         "not runnable upstream: the harness's simulation path (test/utils/simulation_setup.py "
+         "simulate_kernel) calls kernel_input.items(), which a multi-rank test's "
+         "PerRankLazyInputGenerator does not have, before any simulator runs"),
     ],
     "nki-samples-head": [  # at 6905a68
         (("tensor_copy() got an unexpected keyword argument 'dtype'",),
