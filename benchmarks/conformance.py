@@ -19,9 +19,13 @@ Current ``nki`` dialect corpora (NKI 0.3+):
   `simulation` tests are still Beta 1 code and import their kernels from
   ``nki_samples.reference``, which upstream commit c4b806e ("Remove reference kernels",
   2026-01-20) deleted: every file fails at import with AWS's own SDK as well. Such files are
-  reported as "not runnable upstream" (with the import error) and left out of the pass rate;
-  nki-samples HEAD has no simulation test in the ``nki`` dialect (its only ``import nki`` code,
-  the matmul and mxfp tutorials, is driven by torch/torch_xla scripts, not tests).
+  reported as "not runnable upstream" (with the import error) and left out of the pass rate.
+  nki-samples HEAD has no simulation test in the ``nki`` dialect: its only ``import nki`` code,
+  the matmul and mxfp tutorials, is driven by torch_xla scripts that need a device. So this
+  script runs each of those kernels itself on nkisim with NumPy inputs of the shapes the
+  driver script uses, against a NumPy reference written here (HEAD_KERNELS, HEAD_DRIVER), and
+  counts one test per kernel; kernels that cannot run on today's NKI for an upstream reason are
+  listed as not runnable upstream (HEAD_NOT_RUNNABLE, UPSTREAM_FAILING).
 - ``--nki-library``: a checkout of aws-neuron/nki-library (d2ad3a5, 2026-04-13). Its simulation
   tests are what ``make test ARGS="test/integration --test-mode simulation"`` runs (test/README.md
   "Simulation Mode"): pytest over test/integration with ``--test-mode simulation`` and the default
@@ -44,6 +48,13 @@ Current ``nki`` dialect corpora (NKI 0.3+):
   dependencies (torch, pytest-html,
   pytest-metadata, allpairspy, fabric2, filelock, boto3, aws-embedded-metrics, plotext) are real
   PyPI packages: ``pip install`` them into the environment that runs this script.
+
+``--per-file N`` runs an evenly spaced sample of N tests of each file, among those its conftest
+does not skip (and, for nki-library, not marked to run in another test mode), chosen inside the
+one pytest process that runs the file (SAMPLE_PLUGIN); ``--test-timeout S`` fails a single test
+that runs longer than S seconds. Progress goes to stderr, one line per file.
+Failures that are the test's or kernel's own whatever simulator runs it (UPSTREAM_FAILING, with
+the evidence) count as not runnable upstream and stay out of the pass rate, like import errors.
 
 Prints, per file, the passed/failed counts and each failure's first error line, and as its last
 line ``conformance: nki-samples A/N sdk-tests B/M tutorials C/D nki-samples-head E/F nki-library
