@@ -86,15 +86,31 @@ def access_pattern(t: Tensor, pattern, offset=0, scalar_offset=None, vector_offs
     # the storage tensor's logical shape (what trivial strides and indirect_dim refer to)
     rshape = tuple(root.shape)
     off = int(offset)
+    dynamic = None
+    # "indirect_dim: dimension in ``self.shape`` whose stride scales the indirect scalar/
+    # vector offset" (nki.language NkiTensor.ap docs, aws-neuron-sdk @81ce03ae): a view
+    # spanning the whole storage (a reshape) counts in its own shape; nki-library's
+    # indexed_flatten calls `row_offsets.reshape((1, N)).ap(..., indirect_dim=1)` on a 1-D [N]
+    # tensor, and router_topk `expert_affinities.reshape((T * E,)).ap(..., vector_offset=idx,
+    # indirect_dim=0)` on a [T, E] one, with element indices
+    dshape = tuple(t.shape) if math.prod(t.shape) == math.prod(rshape) and \
+        t._idx is None else rshape
     if scalar_offset is not None:
         d = int(indirect_dim)
-        if not 0 <= d < len(rshape):
+        if not 0 <= d < len(dshape):
             raise nki_error("nkisim_invalid_argument", api=api,
-                            why=f"indirect_dim {d} out of range for {list(rshape)}")
-        off += _index_value(scalar_offset, api) * math.prod(rshape[d + 1:]) * rsz // isz
+                            why=f"indirect_dim {d} out of range for {list(dshape)}")
+        dynamic = _index_value(scalar_offset, api)
+        off += dynamic * math.prod(dshape[d + 1:]) * rsz // isz
+    shape = tuple(c for _, c in pairs)
+    if dynamic is not None and root.buffer == "hbm" and not _inside(off, pairs, rshape, rsz,
+                                                                    isz):
+        # a runtime offset outside the tensor: an error when the DMA moves it, or no move
+        # with oob_mode=skip (nki-library indexed_flatten: "a large negative value for invalid
+        # offsets to ensure all indices are OOB and skipped"; dma_copy docs, oob_mode)
+        return _out_of_bounds(t, pairs, shape, off, dt, sdt, isz, rshape, rsz, dynamic, api)
     if off < 0:
         raise nki_error("nkisim_invalid_argument", api=api, why=f"offset {off} < 0")
-    shape = tuple(c for _, c in pairs)
     # storage geometry, in bytes
     owner = _owner(t._arr)
     # address of the storage's first byte: a view's _off counts from the start of the memory it
@@ -133,7 +149,7 @@ def access_pattern(t: Tensor, pattern, offset=0, scalar_offset=None, vector_offs
     first = start - _addr(owner) + byte0
     if vector_offset is not None:
         return _indirect(t, pairs, shape, strides, first, base, sdt, dt, vector_offset,
-                         indirect_dim, rshape, rsz, isz, onchip, api)
+                         indirect_dim, dshape, rsz, isz, onchip, api)
     arr = as_strided(base[first:first + isz].view(sdt), shape=shape, strides=strides)
     # the shadow (epoch of the last write per element of the storage tensor's dtype)
     w = None
@@ -156,6 +172,36 @@ def access_pattern(t: Tensor, pattern, offset=0, scalar_offset=None, vector_offs
                              else 0)
         _coarse_shadow(v)
         v._w = None
+    return v
+
+
+def _inside(off, pairs, rshape, rsz, isz) -> bool:
+    """Does an HBM pattern starting ``off`` elements in stay inside the storage?"""
+    ext = sum((c - 1) * st for st, c in pairs)
+    return off >= 0 and (off + ext + 1) * isz <= math.prod(rshape) * rsz
+
+
+def _out_of_bounds(t, pairs, shape, off, dt, sdt, isz, rshape, rsz, dynamic, api):
+    """An HBM ``.ap()`` view some of whose elements a runtime offset put outside the storage:
+    an advanced-indexed view (out-of-bound elements read element 0) flagged with them, as an
+    indirect DMA's out-of-bound rows are (nkisim.tensor._check_oob: an error unless the
+    DMA's oob_mode=skip drops them)."""
+    total = math.prod(rshape) * rsz
+    if total % isz:
+        raise nki_error("nkisim_unsupported", what="an unaligned dynamic access",
+                        why=f"the storage is not a whole number of {isz}-byte elements")
+    elem = np.full((), off, np.int64)
+    for st, c in pairs:
+        elem = elem[..., None] + np.arange(c, dtype=np.int64) * st
+    bad = (elem < 0) | (elem >= total // isz)
+    base = _bytes_of(_owner(t._arr), t.name)
+    lo = _addr(t._arr) - t._off - _addr(base)        # the storage's first byte inside `base`
+    storage = base[lo:lo + total].view(sdt)
+    w = t.root.shadow.reshape(-1) if t.root.shadow is not None and isz == rsz else None
+    v = Tensor(storage, w, t.root, dt, shape, None, (np.where(bad, 0, elem),), 0)
+    v._oob = (bad, {"indirect": f"{api}: scalar_offset {dynamic} puts {int(bad.sum())} of "
+                                f"{bad.size} elements outside `{t.name}` {list(rshape)} "
+                                "(pass oob_mode=nisa.oob_mode.skip to skip them)"})
     return v
 
 

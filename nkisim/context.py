@@ -156,6 +156,8 @@ class Run:
     rng: object = None                                # nl.rand / dropout generator (nl._rng)
     vector_acc: dict = field(default_factory=dict)    # VectorE accumulators (isa._accumulate)
     rules: Rules = BETA1                              # the launching face's language rules
+    lnc: object = None                                # nkisim.lnc.Instances of a multi-
+    #                                                   instance launch (None: one instance)
 
     # ---- loops and epochs ----
     def new_epoch(self, loop: Loop, iteration: int) -> int:

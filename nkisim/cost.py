@@ -598,7 +598,8 @@ def stream_cycles(instr: Instr, params: CostParams, engine: str | None = None) -
     eng = engine or instr.engine
     all16 = bool(d.get("all_16bit"))
     psum_in = bool(d.get("psum_in"))
-    if op in ("iota", "affine_select", "local_gather"):
+    # GpSimd gathers added by the current dialect stream like local_gather (nkisim.gather)
+    if op in ("iota", "affine_select", "local_gather", "nc_n_gather", "nonzero_with_count"):
         return params.gpsimd_start_cycles + n
     if op in ("tensor_copy_dynamic_src", "tensor_copy_dynamic_dst"):
         return max(params.dynamic_min_ii_cycles, n)

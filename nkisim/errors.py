@@ -169,6 +169,13 @@ ERRORS: dict[str, tuple[type[Exception], str]] = {
         "tolerates it; without strict mode this is a warning): {what}; the rule: \"{rule}\" "
         "({link})"),
     "nkisim_invalid_argument": (ValueError, "{api}: {why}"),
+    # the logical cores of an LNC 2 launch (nkisim.lnc, nkisim.collectives): a barrier or
+    # sendrecv no other instance ever joins would hang the device
+    "nkisim_lnc_deadlock": (
+        RuntimeError, "deadlock between the program instances of the launch: {detail}; every "
+        "instance must reach the same core_barrier / sendrecv calls (same pipe_id) in the "
+        "same order"),
+    "nkisim_lnc_mismatch": (ValueError, "{what}: {detail}"),
     # nki 0.3+ (shared/spec/nki-current.md §2.0 item 6: MIG 0.2->0.3 "Output tensors must use
     # nl.shared_hbm"; nl.hbm outputs "will cause compilation failures")
     "nkisim_output_not_shared_hbm": (

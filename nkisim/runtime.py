@@ -255,14 +255,20 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
                 kw[name] = a
         grid = k.grid
         run.grid = grid
-        result = None
-        ids = itertools.product(*(range(g) for g in grid)) if grid else [()]
-        for pid in ids:
-            run.program_ids = tuple(pid)
+        ids = list(itertools.product(*(range(g) for g in grid))) if grid else [()]
+        if len(ids) == 1:
+            run.program_ids = ids[0]
             run.shared_hbm_cursor = 0
-            if grid:       # each instance is an "iteration" of the grid for nkisim.checks
+            if grid:       # the instance is an "iteration" of the grid for nkisim.checks
                 run.begin_program(run.program_ids, k.func)
             result = k.func(*wrapped, **kw)
+        else:
+            # several program instances (LNC 2, an SPMD grid): nkisim.lnc runs them in turn,
+            # switching at core_barrier / sendrecv (nkisim.collectives)
+            from .lnc import Instances
+            run.lnc = Instances(run, ids, lambda i: k.func(*wrapped, **kw))
+            run.lnc.func = k.func
+            result = run.lnc.run_all()
         outs = _flatten(result)
         if run.rules.outputs_shared_hbm:
             _check_shared_outputs(run, outs)
@@ -271,6 +277,8 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
         for name, t in mutables.items():
             if not writable and not any(o.root is t.root for o in outs):
                 raise nki_error("err_mutable_parameter_not_returned", name=name)
+        if run.lnc is not None:                # each instance's SBUF/PSUM as well
+            run.lnc.finish_memories()
         run.memory.finish()                    # SBUF/PSUM lifetimes: the peak, capacity
         checks.check_outputs(run, outs)        # skips returned (mutable) inputs
         # The checks are done: drop the HBM tensors' write-epoch shadows (an int32 per element),

@@ -23,6 +23,10 @@ import math
 import numpy as np
 
 from .. import checks, context, dtypes, psum_init
+from .. import collectives as _collectives
+from .. import dma_compute as _dma_compute
+from .. import gather as _gather
+from .. import registers as _registers
 from .. import engines as _core
 from .. import ops as _ops
 from ..errors import nki_error, shape_str
@@ -143,10 +147,18 @@ class matmul_perf_mode(enum.Enum):
     double_row = "double_row"
 
 
+@functools.total_ordering
 class nc_version(enum.Enum):
+    """Ordered by generation: nki-library compares them (core/topk/rotational_topk_utils.py
+    ``if nisa.get_nc_version() <= nisa.nc_version.gen2:``, in a kernel AWS's CI simulates)."""
     gen2 = 2
     gen3 = 3
     gen4 = 4
+
+    def __lt__(self, other):
+        if not isinstance(other, nc_version):
+            return NotImplemented
+        return self.value < other.value
 
 
 class dma_engine(enum.Enum):
@@ -901,12 +913,132 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
 
 
 # ---------------------------------------------------------------------------------------------
+# DMA compute (nkisim.dma_compute)
+
+
+@_validated
+def dma_compute(dst, srcs, reduce_op, scales=None, unique_indices=True,
+                oob_mode=oob_mode.error, name=None):
+    """``dst = srcs[0] + srcs[1] + ...`` in fp32 on the DMA engines (HBM or SBUF; only
+    ``nl.add``, scales all 1.0); a read-modify-write scatter/gather with an indirect source.
+    Replaces ``dma_copy(dst_rmw_op=)`` (MIG 0.2->0.3); ``oob_mode`` is new in 0.4.0 (RN
+    2.30)."""
+    api = "dma_compute"
+    if oob_mode is not globals()["oob_mode"].error and not at_least("0.4"):
+        raise TypeError(f"{api}() got an unexpected keyword argument 'oob_mode'")
+    om = _enum(globals()["oob_mode"], oob_mode, api, "oob_mode")
+    _tensor(dst, api, "dst")
+    if isinstance(srcs, (list, tuple)):
+        for i, s in enumerate(srcs):
+            _tensor(s, api, f"srcs[{i}]")
+    _dma_compute.dma_compute(dst, srcs, reduce_op=_tok(reduce_op), scales=scales,
+                             unique_indices=unique_indices,
+                             oob_skip=om is globals()["oob_mode"].skip)
+    return _last(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# GpSimd gathers of the current dialect (nkisim.gather)
+
+
+@_validated
+def nc_n_gather(dst, data, indices, name=None):
+    """Per partition, gather elements of ``data``'s flattened free dims at the uint32
+    ``indices``; ``dst`` has the indices' elements and the data's dtype (SBUF only)."""
+    api = "nc_n_gather"
+    _onchip(dst, api, "dst", ("sbuf",))
+    _onchip(data, api, "data", ("sbuf",))
+    _onchip(indices, api, "indices", ("sbuf",))
+    if dst.dtype != data.dtype:
+        raise _invalid(f"{api} dst dtype {dtypes.name(dst.dtype)} must equal the data dtype "
+                       f"{dtypes.name(data.dtype)}")
+    return _into(dst, _gather.nc_n_gather(data, indices, dtype=dst.dtype), api, name)
+
+
+@_validated
+def nonzero_with_count(dst, src, index_offset=0, padding_val=-1, name=None):
+    """Indices of the nonzero elements of partitions 0, 16, ..., 112 of ``src`` (+
+    ``index_offset``), ``padding_val`` after them, the count last (NeuronCore-v3+)."""
+    api = "nonzero_with_count"
+    _onchip(dst, api, "dst", ("sbuf",))
+    _onchip(src, api, "src", ("sbuf",))
+    _gather.nonzero_with_count(dst, src, index_offset=index_offset, padding_val=padding_val)
+    return _last(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# engine-sequencer registers (nkisim.registers)
+
+VirtualRegister = _registers.VirtualRegister
+
+
+def register_alloc(x=None):
+    """A virtual register, initialised with the int ``x`` (or a one-element tensor's value), or
+    uninitialised (None). From NKI 0.7 (the tracer front end) a register cannot steer Python
+    control flow (VirtualRegister docs)."""
+    return _registers.register_alloc(x, tracer=at_least("0.7"))
+
+
+def register_move(dst, src):
+    """``dst = src`` (a compile-time int or a register)."""
+    _registers.register_move(dst, src)
+
+
+def register_load(dst, src):
+    """Load the one value of tensor ``src`` (HBM or SBUF, [1] or [1, 1]) into ``dst``."""
+    _registers.register_load(dst, src)
+
+
+def register_store(dst, src):
+    """Store register ``src`` into the one element of tensor ``dst`` (HBM or SBUF)."""
+    _registers.register_store(dst, src)
+
+
+# ---------------------------------------------------------------------------------------------
+# between the logical cores of an LNC 2 launch (nkisim.collectives, nkisim.lnc)
+
+# the trace engine of each `engine=` a barrier may run on; the Sync engine (SP) issues DMAs,
+# so its instructions go to the DMA queues' timeline
+_BARRIER_ENGINES = {"gpsimd": "gpsimd", "vector": "vector", "scalar": "scalar",
+                    "tensor": "tensor", "sync": "dma", "unknown": "gpsimd"}
+
+
+@_validated
+def core_barrier(data, cores, engine=engine.gpsimd, name=None):
+    """Every core in ``cores`` waits here until all of them arrive; ``data`` is the shared HBM
+    tensor they synchronise on (nki.isa.core_barrier docs; nkisim.collectives)."""
+    api = "core_barrier"
+    e = _enum(globals()["engine"], engine, api, "engine")
+    if e.name not in _BARRIER_ENGINES:
+        raise _invalid(f"{api} engine {e.name} is not supported; use one of "
+                       f"{', '.join(k for k in _BARRIER_ENGINES if k != 'unknown')}")
+    _tensor(data, api, "data")
+    _collectives.core_barrier(data, cores, engine=_BARRIER_ENGINES[e.name])
+    return _last(name)
+
+
+@_validated
+def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine=dma_engine.dma,
+             name=None):
+    """Send ``src`` to core ``send_to_rank``'s ``dst`` while receiving core
+    ``recv_from_rank``'s ``src`` into ``dst`` (both SBUF, same dtype and layout); the only
+    nisa op whose ``src`` comes before ``dst`` (spec §2.0 item 1). ``dma_engine`` is new in
+    0.3.0 (RN 2.29: "sendrecv(dma_engine=)")."""
+    api = "sendrecv"
+    de = _enum(globals()["dma_engine"], dma_engine, api, "dma_engine")
+    _onchip(src, api, "src", ("sbuf",))
+    _onchip(dst, api, "dst", ("sbuf",))
+    _collectives.sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id,
+                          gpsimd_dma=de is globals()["dma_engine"].gpsimd_dma)
+    return _last(name)
+
+
+# ---------------------------------------------------------------------------------------------
 # the current API's ops nkisim does not simulate yet: a clear error at the call, not an
 # AttributeError (STUB-R32 isa; spec §1 "New ISA ops")
 
-_NOT_SIMULATED = ("dma_compute", "quantize_mx", "nc_matmul_mx", "nc_n_gather",
-                  "nonzero_with_count", "topk", "activate2", "exponential", "rng",
-                  "register_alloc", "register_load", "register_move", "core_barrier", "sendrecv")
+_NOT_SIMULATED = ("quantize_mx", "nc_matmul_mx", "topk", "activate2",
+                  "exponential", "rng")
 
 
 def __getattr__(attr):
