@@ -139,8 +139,9 @@ class NKIObject:
     an annotation are fields too (with that default), so ``SectionParams(section_idx=i, ...)``
     works for ``@dataclass class SectionParams(nl.NKIObject): section_idx = None`` (AWS's
     nki-library attention_cte.py builds its SectionParams that way; plain ``dataclasses`` would
-    raise "unexpected keyword argument"). They are added after the annotated fields, all with
-    defaults, so the field order stays valid. A mutable default (unhashable: a list, dict, set,
+    raise "unexpected keyword argument"). They are added after the annotated fields. Every field
+    may be left out and is then None (nki-library leaves out a field it declares without a
+    default, see __init_subclass__), so the field order stays valid. A mutable default (unhashable: a list, dict, set,
     dataclass instance) is left a plain class attribute: dataclasses rejects it as a default, and
     the class may not be a dataclass at all."""
 
@@ -178,6 +179,13 @@ class NKIObject:
                     type(value).__hash__ is None:      # what dataclasses calls mutable
                 continue
             own[name] = "typing.Any"
+        # every field may be left out (None): AWS's nki-library builds its @dataclass
+        # MLPTKGConstantsDimensionSizes(...) without `remainderIFused: int`, which it declares
+        # with no default (core/mlp/mlp_tkg/mlp_tkg_constants.py, used by mlp_tkg and moe_tkg)
+        for name, ann in list(own.items()):
+            if name not in cls.__dict__ and not name.startswith("__") and \
+                    "ClassVar" not in str(ann) and "InitVar" not in str(ann):
+                setattr(cls, name, None)
 
 
 def _nkiobject_fields(cls) -> list:
