@@ -279,6 +279,10 @@ import types
 import nkisim.nki as _face
 
 _TARGETS = {"gen2": "trn1", "gen3": "trn2", "gen4": "trn3"}
+# the NKI release nki-library d2ad3a5 (2026-04-13) was written for: 0.3.0 (SDK 2.29,
+# 2026-04-09; its README: the main branch follows the latest compiler). The face follows 0.7
+# by default, which removed nl.dynamic_range that the library's moe kernels still use.
+os.environ.setdefault("NKISIM_NKI_VERSION", "0.3")
 
 
 def cpu_simulate(kernel):
