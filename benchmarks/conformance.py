@@ -19,9 +19,13 @@ Current ``nki`` dialect corpora (NKI 0.3+):
   `simulation` tests are still Beta 1 code and import their kernels from
   ``nki_samples.reference``, which upstream commit c4b806e ("Remove reference kernels",
   2026-01-20) deleted: every file fails at import with AWS's own SDK as well. Such files are
-  reported as "not runnable upstream" (with the import error) and left out of the pass rate;
-  nki-samples HEAD has no simulation test in the ``nki`` dialect (its only ``import nki`` code,
-  the matmul and mxfp tutorials, is driven by torch/torch_xla scripts, not tests).
+  reported as "not runnable upstream" (with the import error) and left out of the pass rate.
+  nki-samples HEAD has no simulation test in the ``nki`` dialect: its only ``import nki`` code,
+  the matmul and mxfp tutorials, is driven by torch_xla scripts that need a device. So this
+  script runs each of those kernels itself on nkisim with NumPy inputs of the shapes the
+  driver script uses, against a NumPy reference written here (HEAD_KERNELS, HEAD_DRIVER), and
+  counts one test per kernel; kernels that cannot run on today's NKI for an upstream reason are
+  listed as not runnable upstream (HEAD_NOT_RUNNABLE, UPSTREAM_FAILING).
 - ``--nki-library``: a checkout of aws-neuron/nki-library (d2ad3a5, 2026-04-13). Its simulation
   tests are what ``make test ARGS="test/integration --test-mode simulation"`` runs (test/README.md
   "Simulation Mode"): pytest over test/integration with ``--test-mode simulation`` and the default
@@ -45,6 +49,13 @@ Current ``nki`` dialect corpora (NKI 0.3+):
   pytest-metadata, allpairspy, fabric2, filelock, boto3, aws-embedded-metrics, plotext) are real
   PyPI packages: ``pip install`` them into the environment that runs this script.
 
+``--per-file N`` runs an evenly spaced sample of N tests of each file, among those its conftest
+does not skip (and, for nki-library, not marked to run in another test mode), chosen inside the
+one pytest process that runs the file (SAMPLE_PLUGIN); ``--test-timeout S`` fails a single test
+that runs longer than S seconds. Progress goes to stderr, one line per file.
+Failures that are the test's or kernel's own whatever simulator runs it (UPSTREAM_FAILING, with
+the evidence) count as not runnable upstream and stay out of the pass rate, like import errors.
+
 Prints, per file, the passed/failed counts and each failure's first error line, and as its last
 line ``conformance: nki-samples A/N sdk-tests B/M tutorials C/D nki-samples-head E/F nki-library
 G/H``. A test file that cannot even be imported counts all its tests as failed (their number at
@@ -57,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -109,6 +121,41 @@ UPSTREAM_BROKEN = {
          "not runnable upstream: nkilib_src.nkilib.experimental.subkernels is not in the "
          "snapshot")],
 }
+# A test failure that is the test's (or kernel's) own, whatever runs the kernel: every pattern must
+# be in the failure's traceback. Counted as "not runnable upstream", left out of the pass rate.
+UPSTREAM_FAILING = {
+    "nki-library": [       # at d2ad3a5
+        (("KeyError: 'mask_out_hbm'", 'kernel_input["mask_out_hbm"]'),
+         "not runnable upstream: test_gen_mask_tkg.py's output_tensors() reads "
+         "kernel_input[\"mask_out_hbm\"], but its input generator names that input "
+         "\"mask_out_hbm.must_alias_input\" and UnitTestFramework.run_test passes the "
+         "generator's dict unchanged to the descriptor (test/utils/unit_test_framework.py), "
+         "before any simulator runs"),
+        (("is not supported by nkisim: collectives are not simulated",),
+         "not runnable upstream: nki.collectives is not implemented by AWS's simulator either "
+         "(NKI docs, nki.simulate 'Simulation Limitations'; nki-current §3)"),
+        (("'PerRankLazyInputGenerator' object has no attribute 'items'",),
+         "not runnable upstream: the harness's simulation path (test/utils/simulation_setup.py "
+         "simulate_kernel) calls kernel_input.items(), which a multi-rank test's "
+         "PerRankLazyInputGenerator does not have, before any simulator runs"),
+    ],
+    "nki-samples-head": [  # at 6905a68
+        (("tensor_copy() got an unexpected keyword argument 'dtype'",),
+         "not runnable upstream: the kernel passes nisa.tensor_copy(dtype=), a keyword NKI "
+         "dropped (unknown keywords raise since NKI 0.2.0, RN 2.28; upstream removed it after "
+         "this snapshot: nki-samples PR #120 \"Remove stale dtype kwarg from tensor_copy\")"),
+    ],
+}
+
+
+def _upstream_failure(corpus: str, text: str):
+    """The reason a failure is upstream's own (UPSTREAM_FAILING), or None."""
+    for pats, why in UPSTREAM_FAILING.get(corpus, ()):
+        if all(p in text for p in pats):
+            return why
+    return None
+
+
 # nki-library's conftest skips these in simulation (test/utils/simulation_setup.py)
 LARGE_SHAPE_PATTERNS = ("4096", "5120", "8192", "16384", "32768", "36864")
 
@@ -138,6 +185,86 @@ def _open_dmi(file, *args, **kwargs):
 builtins.open = _open_dmi
 '''
 
+# --per-file N: the sample is chosen inside the one pytest process that runs it (collecting
+# nki-library's parametrizations once per file costs about as much as running a small test, and
+# a collection of all test/integration in one process took over 15 minutes on this machine).
+# trylast: after the corpus's own conftest has applied its skips and pytest's -m deselection.
+SAMPLE_PLUGIN = '''\
+"""pytest plugin written by benchmarks/conformance.py: keep an evenly spaced sample of at most
+NKISIM_SAMPLE_PER_FILE tests of each file, among those its conftest does not skip; with
+NKISIM_TEST_TIMEOUT, a test still running after that many seconds fails (SIGALRM), so one slow
+test costs only itself."""
+import json
+import os
+import signal
+
+import pytest
+
+
+class TestTimeout(Exception):
+    pass
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    limit = int(float(os.environ.get("NKISIM_TEST_TIMEOUT") or 0))
+    if not limit or not hasattr(signal, "SIGALRM"):
+        return (yield)
+
+    def expire(signum, frame):
+        raise TestTimeout(f"TIMEOUT: the test ran over {limit} s (conformance.py --test-timeout)")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(limit)
+    try:
+        return (yield)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+# nki-library: a test marked with another test mode runs in that mode whatever --test-mode
+# says (test/conftest.py `trace_mode` fixture: "Markers override the session default"); a
+# trace_only test runs NKI's compiler front end (nki.compiler.frontend), not a simulator
+OTHER_MODES = ("trace_only", "compile_only", "compile_and_infer")
+
+
+def _other_mode(item):
+    return any(item.get_closest_marker(m) is not None for m in OTHER_MODES)
+
+
+def _skipped(item):
+    if item.get_closest_marker("skip") is not None:
+        return True
+    for mark in item.iter_markers("skipif"):
+        cond = mark.args[0] if mark.args else mark.kwargs.get("condition")
+        if isinstance(cond, bool) and cond:
+            return True
+    return False
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    if not os.environ.get("NKISIM_SAMPLE_PER_FILE"):
+        return
+    per = int(os.environ["NKISIM_SAMPLE_PER_FILE"])
+    by_file = {}
+    for item in items:
+        by_file.setdefault(item.nodeid.split("::")[0], []).append(item)
+    keep, info = set(), {}
+    for path, its in by_file.items():
+        run = [i for i in its if not _skipped(i) and not _other_mode(i)]
+        pick = run if len(run) <= per else [run[(k * len(run)) // per] for k in range(per)]
+        keep.update(id(i) for i in pick)
+        info[os.path.basename(path)] = {
+            "collected": len(its), "runnable": len(run), "sampled": len(pick),
+            "other_mode": sum(1 for i in its if not _skipped(i) and _other_mode(i))}
+    config.hook.pytest_deselected(items=[i for i in items if id(i) not in keep])
+    items[:] = [i for i in items if id(i) in keep]
+    with open(os.environ["NKISIM_SAMPLE_INFO"], "w") as f:
+        json.dump(info, f)
+'''
+
 # nki-library: the package its simulation mode imports (test/utils/simulation_setup.py), served
 # by nkisim's nki face. Written to a temporary directory; never installed.
 NKI_CPU_SIMULATOR = {
@@ -152,6 +279,10 @@ import types
 import nkisim.nki as _face
 
 _TARGETS = {"gen2": "trn1", "gen3": "trn2", "gen4": "trn3"}
+# the NKI release nki-library d2ad3a5 (2026-04-13) was written for: 0.3.0 (SDK 2.29,
+# 2026-04-09; its README: the main branch follows the latest compiler). The face follows 0.7
+# by default, which removed nl.dynamic_range that the library's moe kernels still use.
+os.environ.setdefault("NKISIM_NKI_VERSION", "0.3")
 
 
 def cpu_simulate(kernel):
@@ -351,6 +482,58 @@ def finfo(dtype):
 ''',
 }
 
+# nki-samples HEAD's `import nki` kernels (NKI 0.2-era code; the repo drives them from torch_xla
+# scripts that need a device). Each runs here on nkisim with NumPy inputs of the shapes its own
+# driver script uses, against a NumPy reference written for this script (float32 products of the
+# bfloat16 inputs; the tolerance of the driver's torch.allclose, atol=1e-4, rtol=1e-2).
+# (tutorial dir, module, kernel, (K, M, N) of lhsT [K, M] and rhs [K, N])
+HEAD_KERNELS = [
+    ("matrix_multiplication", "matrix_multiplication_nki_kernels", "nki_matmul_basic_",
+     (128, 64, 512)),            # matrix_multiplication_torch.py: lhs (64, 128), rhs (128, 512)
+    *[("matrix_multiplication", "matrix_multiplication_nki_kernels", name, (1024, 4096, 2048))
+      for name in ("nki_matmul_tiled_", "nki_matmul_hoist_load_",
+                   "nki_matmul_block_free_dimension_", "nki_matmul_fully_optimized_")],
+]                                # ...: lhs (4096, 1024), rhs (1024, 2048)
+# Modules that cannot be imported with NKI >= 0.3 (what nkisim's face serves), with the reason
+HEAD_NOT_RUNNABLE = {
+    ("mxfp-matmul", "mx_kernels"): (
+        3, "not runnable on NKI >= 0.3: its three kernels are decorated "
+           "@nki.jit(platform_target=\"trn3\"), an error since NKI 0.3.0 (RN 2.29, MIG 0.2->0.3; "
+           "the repo's HEAD, 2026-02-10, predates 0.3.0, 2026-04-09)"),
+}
+
+HEAD_DRIVER = '''\
+"""Run one nki-samples HEAD kernel on nkisim against NumPy (written by benchmarks/conformance.py)."""
+import importlib
+import sys
+
+import ml_dtypes
+import numpy as np
+
+import nkisim.shim
+
+nkisim.shim.install()
+import nki  # noqa: E402  (nkisim's face)
+
+module, kernel, K, M, N = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
+fn = getattr(importlib.import_module(module), kernel)
+rng = np.random.default_rng(0)
+lhsT = rng.random((K, M), dtype=np.float32).astype(ml_dtypes.bfloat16)
+rhs = rng.random((K, N), dtype=np.float32).astype(ml_dtypes.bfloat16)
+out = np.asarray(nki.simulate(fn)(lhsT, rhs))
+ref = lhsT.astype(np.float32).T @ rhs.astype(np.float32)
+got = out.astype(np.float32)
+if out.shape != ref.shape:
+    print(f"FAIL: output shape {out.shape}, expected {ref.shape}")
+    sys.exit(1)
+bad = ~(np.abs(got - ref) <= 1e-4 + 1e-2 * np.abs(ref))
+if bad.any():
+    print(f"FAIL: {int(bad.sum())} of {bad.size} elements differ from NumPy beyond atol=1e-4, "
+          f"rtol=1e-2 (max |diff| {np.abs(got - ref).max():.4g})")
+    sys.exit(1)
+print("PASS")
+'''
+
 NO_TORCH_JAX = ("torch", "jax", "torch_xla", "torch_neuronx", "jax_neuron")
 
 
@@ -361,6 +544,7 @@ class FileResult:
     failed: int = 0
     errors: list = field(default_factory=list)     # (test name, first error line)
     upstream: int = 0          # tests that cannot run upstream either (not in the pass rate)
+    sample: str = ""           # with --per-file: "k of n runnable (m collected)"
 
 
 def _first_line(text: str, limit: int = 220) -> str:
@@ -410,6 +594,8 @@ def _plugin_dir(extra: dict | None = None) -> str:
     d = tempfile.mkdtemp(dir=_TMP.name)
     with open(os.path.join(d, "_nkisim_conformance_plugin.py"), "w") as f:
         f.write(PLUGIN)
+    with open(os.path.join(d, "_nkisim_sample.py"), "w") as f:
+        f.write(SAMPLE_PLUGIN)
     for rel, text in (extra or {}).items():
         path = os.path.join(d, rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -427,31 +613,56 @@ def _env(extra_path) -> dict:
     # the ids one process collects are "not found" in the next (its conftest pins the seed for
     # xdist workers the same way, NEURON_PYTHONHASHSEED=0)
     env.setdefault("PYTHONHASHSEED", "0")
+    # ... and its coverage_parametrize draws random "pairs"/boundary cases while collecting
+    # (test/utils/coverage_parametrized_tests.py: random.sample/choice/shuffle), seeded per test
+    # function only when NEURON_PYTHONHASHSEED is set (test/conftest.py sets it to 0 for xdist
+    # workers, "to ensure identical test collection"); unseeded, every process collects other
+    # test ids, which is why a sample chosen from one collection was "not found" in the next
+    # (the 0/0 of the old whole-corpus --per-file). Same seed as their xdist workers.
+    env.setdefault("NEURON_PYTHONHASHSEED", "0")
     env.pop("PYTEST_ADDOPTS", None)
     return env
 
 
 def run_pytest(corpus: str, cwd: str, targets: list, pythonpath: list, extra: list,
-               timeout: float, files: dict | None = None) -> dict:
-    """Run pytest in a subprocess; per-file results from its JUnit XML report."""
+               timeout: float, files: dict | None = None, sample: int | None = None,
+               test_timeout: float | None = None) -> dict:
+    """Run pytest in a subprocess; per-file results from its JUnit XML report. ``sample``: keep
+    an evenly spaced sample of at most that many runnable tests per file (SAMPLE_PLUGIN);
+    ``test_timeout``: fail a test that runs longer (seconds)."""
     plug = _plugin_dir(files)
     report = os.path.join(plug, "report.xml")
+    info_path = os.path.join(plug, "sample.json")
     cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p",
-           "_nkisim_conformance_plugin", "--continue-on-collection-errors", "-q", "-o",
+           "_nkisim_conformance_plugin", "-p", "_nkisim_sample",
+           "--continue-on-collection-errors", "-q", "-o",
            "junit_family=xunit1", f"--junitxml={report}", *targets, *extra]
+    env = _env([*pythonpath, plug])
+    env["NKISIM_SAMPLE_INFO"] = info_path
+    if sample:
+        env["NKISIM_SAMPLE_PER_FILE"] = str(sample)
+    if test_timeout:
+        env["NKISIM_TEST_TIMEOUT"] = str(test_timeout)
+    info = {}
     try:
-        proc = subprocess.run(cmd, cwd=cwd, env=_env([*pythonpath, plug]), capture_output=True,
-                              text=True, timeout=timeout)
+        proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=timeout)
         out = proc.stdout + proc.stderr
     except subprocess.TimeoutExpired:
-        return {"(pytest)": FileResult("(pytest)", failed=1,
+        if os.path.exists(info_path):
+            info = json.load(open(info_path))
+        n = sum(v["sampled"] for v in info.values()) or 1
+        return {"(pytest)": FileResult("(pytest)", failed=n,
                                        errors=[("pytest", f"TIMEOUT after {timeout:.0f} s")])}
+    if os.path.exists(info_path):
+        info = json.load(open(info_path))
     results: dict = {}
     if not os.path.exists(report):
         why = _error_line(out)
         if proc.returncode < 0:
             why = f"killed by signal {-proc.returncode} (out of memory?)"
-        results["(pytest)"] = FileResult("(pytest)", failed=1, errors=[("pytest", why)])
+        n = sum(v["sampled"] for v in info.values()) or 1
+        results["(pytest)"] = FileResult("(pytest)", failed=n, errors=[("pytest", why)])
         return results
     root = ET.parse(report).getroot()
     for case in root.iter("testcase"):
@@ -488,11 +699,19 @@ def run_pytest(corpus: str, cwd: str, targets: list, pythonpath: list, extra: li
                     continue
                 r.failed += n
                 r.errors.append(("(import)", msg))
+            elif _upstream_failure(corpus, bad.text or ""):
+                r.upstream += 1
+                r.errors.append((name, f"{_upstream_failure(corpus, bad.text)}: {msg}"))
             else:
                 r.failed += 1
                 r.errors.append((name, msg))
         elif skipped is None:
             r.passed += 1
+    for key, v in info.items() if sample else ():
+        r = results.setdefault(key, FileResult(key))
+        other = f", {v['other_mode']} marked trace/compile-only" if v.get("other_mode") else ""
+        r.sample = (f"{v['sampled']} of {v['runnable']} runnable ({v['collected']} collected"
+                    f"{other})")
     return results
 
 
@@ -518,38 +737,29 @@ def _merge(into: dict, res: dict) -> None:
         cur.failed += r.failed
         cur.upstream += r.upstream
         cur.errors.extend(r.errors)
+        cur.sample = cur.sample or r.sample
 
 
 def _per_file(corpus, cwd, files, extra_targets, pythonpath, args, write=None) -> dict:
     """One pytest process per test file (a timeout costs that file only), ``--jobs`` of them at
-    a time; when a file's process dies (the memory big simulations leave behind), each of its
-    tests runs again in its own process."""
-    from concurrent.futures import ThreadPoolExecutor
+    a time, each file's result printed to stderr as it ends; with ``--per-file N`` that process
+    collects the file and runs its sample (SAMPLE_PLUGIN). When a file's process dies (the
+    memory big simulations leave behind), each of its tests runs again in its own process."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    per = getattr(args, "per_file", None)
+    test_timeout = getattr(args, "test_timeout", None)
 
     def one_file(f):
-        per = getattr(args, "per_file", None)
-        if per:
-            # a deterministic sample: `per` evenly spaced tests among those the corpus's own
-            # conftest does not skip for size
-            ids = [i for i in _node_ids(cwd, f, extra_targets, pythonpath, write)
-                   if not any(p in i for p in LARGE_SHAPE_PATTERNS)]
-            if len(ids) > per:
-                chosen = [ids[(k * len(ids)) // per] for k in range(per)]
-                res = run_pytest(corpus, cwd, [*chosen, *extra_targets], pythonpath,
-                                 args.pytest_args, args.timeout, write)
-                key = os.path.basename(f)
-                if "(pytest)" in res:          # the sample's process timed out or died
-                    return {key: FileResult(key, failed=per, errors=[
-                        ("(sample)", f"{per} of {len(ids)} tests: "
-                                     f"{res['(pytest)'].errors[0][1]}")])}
-                if key in res:
-                    res[key].errors.insert(0, ("(sample)", f"{per} of {len(ids)} tests"))
-                return res
         res = run_pytest(corpus, cwd, [f, *extra_targets], pythonpath, args.pytest_args,
-                         args.timeout, write)
+                         args.timeout, write, sample=per, test_timeout=test_timeout)
         if "(pytest)" in res and "killed" in res["(pytest)"].errors[0][1]:
             # the process died (out of memory): each test again in its own process
-            ids = _node_ids(cwd, f, extra_targets, pythonpath, write)
+            ids = [i for i in _node_ids(cwd, f, extra_targets, pythonpath, write)
+                   if not any(p in i for p in LARGE_SHAPE_PATTERNS)]
+            if per and len(ids) > per:
+                ids = [ids[(k * len(ids)) // per] for k in range(per)]
             if ids:
                 out: dict = {}
                 for i in ids:
@@ -561,20 +771,29 @@ def _per_file(corpus, cwd, files, extra_targets, pythonpath, args, write=None) -
         f, target = job
         if res is None:
             res = run_pytest(corpus, cwd, [target, *extra_targets], pythonpath,
-                             args.pytest_args, args.timeout, write)
+                             args.pytest_args, args.timeout, write, test_timeout=test_timeout)
         if "(pytest)" in res:                      # no report: the run timed out or crashed
             key = os.path.basename(f)
-            n = 1 if target != f else (EXPECTED.get(corpus, {}).get(key) or
-                                       _static_count(os.path.join(cwd, f)))
+            n = res["(pytest)"].failed if per or target != f else (
+                EXPECTED.get(corpus, {}).get(key) or _static_count(os.path.join(cwd, f)))
             name = target.split("::")[-1] if target != f else "(file)"
             err = res["(pytest)"].errors[0][1]
             res = {key: FileResult(key, failed=n, errors=[(name, err)])}
         return res
 
     results: dict = {}
+    t0 = time.monotonic()
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        for res in pool.map(one_file, files):
+        futures = {pool.submit(one_file, f): f for f in files}
+        for k, fut in enumerate(as_completed(futures), 1):
+            res = fut.result()
             _merge(results, res)
+            p = sum(r.passed for r in res.values())
+            n = sum(r.failed for r in res.values())
+            u = sum(r.upstream for r in res.values())
+            print(f"  [{k}/{len(files)} {time.monotonic() - t0:.0f} s] {futures[fut]}: "
+                  f"{p} passed, {n} failed" + (f", {u} not runnable upstream" if u else ""),
+                  file=sys.stderr, flush=True)
     return results
 
 
@@ -587,12 +806,51 @@ def nki_samples_tests(root: str, args) -> dict:
 
 
 def nki_samples_head_tests(root: str, args) -> dict:
-    """nki-samples at HEAD: the same CI command as at fc5c69f (see the module docstring)."""
+    """nki-samples at HEAD: the same CI command as at fc5c69f (see the module docstring), then
+    its `import nki` kernels against NumPy (nki_samples_head_kernels)."""
     tdir = os.path.join(root, "test", "unit")
     files = sorted(os.path.join("test", "unit", f) for f in os.listdir(tdir)
                    if f.startswith("test_") and f.endswith(".py"))
-    return _per_file("nki-samples-head", root, files, ["--simulation-only"],
-                     [os.path.join(root, "src")], args)
+    results = _per_file("nki-samples-head", root, files, ["--simulation-only"],
+                        [os.path.join(root, "src")], args)
+    results.update(nki_samples_head_kernels(root, args))
+    return results
+
+
+def nki_samples_head_kernels(root: str, args) -> dict:
+    """nki-samples HEAD's `import nki` kernels, each in its own process on nkisim with NumPy
+    inputs against a NumPy reference (HEAD_KERNELS, HEAD_DRIVER)."""
+    results: dict = {}
+    plug = _plugin_dir({"_nkisim_head_driver.py": HEAD_DRIVER})
+    base = os.path.join(root, "src", "nki_samples", "tutorials")
+    for (sub, mod), (n, why) in HEAD_NOT_RUNNABLE.items():
+        if os.path.exists(os.path.join(base, sub, mod + ".py")):
+            r = results.setdefault(f"{sub}/{mod}.py", FileResult(f"{sub}/{mod}.py"))
+            r.upstream += n
+            r.errors.append(("(import)", why))
+    for sub, mod, kernel, (k, m, n) in HEAD_KERNELS:
+        key = f"{sub}/{mod}.py"
+        r = results.setdefault(key, FileResult(key))
+        cmd = [sys.executable, os.path.join(plug, "_nkisim_head_driver.py"), mod, kernel,
+               str(k), str(m), str(n)]
+        try:
+            proc = subprocess.run(cmd, cwd=os.path.join(base, sub), capture_output=True,
+                                  text=True, timeout=args.timeout,
+                                  env=_env([os.path.join(base, sub)]))
+            ok, out = proc.returncode == 0, proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired:
+            ok, out = False, f"TIMEOUT after {args.timeout:.0f} s"
+        if ok and "PASS" in out:
+            r.passed += 1
+        elif _upstream_failure("nki-samples-head", out):
+            r.upstream += 1
+            r.errors.append((kernel, _upstream_failure("nki-samples-head", out)))
+        else:
+            r.failed += 1
+            fail = [ln for ln in out.splitlines() if ln.startswith("FAIL:")]
+            r.errors.append((kernel, fail[0] if fail else _error_line(out)))
+        print(f"  {key}::{kernel}: {'passed' if ok else 'failed'}", file=sys.stderr, flush=True)
+    return results
 
 
 def nki_library_files(root: str) -> list:
@@ -611,54 +869,14 @@ NKI_LIBRARY_ARGS = ["--test-mode", "simulation", "-p", "_nkilib_harness_gaps"]
 
 def nki_library_tests(root: str, args) -> dict:
     """nki-library: ``pytest test/integration --test-mode simulation`` one file at a time, with
-    nkisim serving its ``nki_cpu_simulator`` (see the module docstring). With ``--per-file N``:
-    one collection of test/integration, N evenly spaced tests of each file (among those its
-    conftest does not skip for size), all run in one pytest process (collecting this harness's
-    parametrizations costs minutes, too much to pay twice per file on a small machine)."""
+    nkisim serving its ``nki_cpu_simulator`` (see the module docstring). With ``--per-file N``
+    each file's process keeps N evenly spaced tests among those its conftest does not skip (the
+    large shapes) and runs them."""
     path = [os.path.join(root, "src"), root]
-    if not args.per_file:
-        return _per_file("nki-library", root, nki_library_files(root), NKI_LIBRARY_ARGS, path,
-                         args, NKI_CPU_SIMULATOR)
-    plug = _plugin_dir(NKI_CPU_SIMULATOR)
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p",
-           "_nkisim_conformance_plugin", "--co", "-q", f"--rootdir={root}",
-           "--continue-on-collection-errors", os.path.join("test", "integration"),
-           *NKI_LIBRARY_ARGS]
-    try:
-        proc = subprocess.run(cmd, cwd=root, env=_env([*path, plug]), capture_output=True,
-                              text=True, timeout=max(args.timeout, 1200))
-    except subprocess.TimeoutExpired:
-        return {"(collection)": FileResult("(collection)", errors=[
-            ("(collection)", f"pytest --co of test/integration did not finish in "
-                             f"{max(args.timeout, 1200):.0f} s (raise --timeout)")])}
-    by_file: dict = {}
-    for ln in proc.stdout.splitlines():
-        ln = ln.strip()
-        if "::" in ln and ln.startswith("test/"):
-            by_file.setdefault(ln.split("::")[0], []).append(ln)
-    broken = sorted({ln.split()[1] for ln in proc.stdout.splitlines()
-                     if ln.startswith("ERROR test/")})
-    if not by_file:
-        # nothing collected: say why instead of printing 0/0 (a collection that timed out or
-        # crashed, e.g. a missing dependency of the harness)
-        why = _first_line(proc.stderr) or _first_line(proc.stdout.splitlines()[-1]
-                                                      if proc.stdout.strip() else "")
-        return {"(collection)": FileResult("(collection)", errors=[
-            ("(collection)", f"pytest --co of test/integration collected no test (exit "
-                             f"{proc.returncode}): {why or 'no output'}")])}
-    chosen, counts = [], {}
-    for f, ids in sorted(by_file.items()):
-        ids = [i for i in ids if not any(p in i for p in LARGE_SHAPE_PATTERNS)]
-        pick = ids if len(ids) <= args.per_file else \
-            [ids[(k * len(ids)) // args.per_file] for k in range(args.per_file)]
-        chosen += pick
-        counts[os.path.basename(f)] = (len(pick), len(ids))
-    res = run_pytest("nki-library", root, [*chosen, *broken, *NKI_LIBRARY_ARGS], path,
-                     args.pytest_args, args.timeout, NKI_CPU_SIMULATOR)
-    for key, (k, n) in counts.items():
-        if key in res:
-            res[key].errors.insert(0, ("(sample)", f"{k} of {n} tests"))
-    return res
+    files = [f for f in nki_library_files(root)
+             if not args.only or any(o in f for o in args.only)]
+    return _per_file("nki-library", root, files, NKI_LIBRARY_ARGS, path, args,
+                     NKI_CPU_SIMULATOR)
 
 
 def sdk_tests(root: str, args) -> dict:
@@ -724,7 +942,8 @@ def report(title: str, results: dict) -> tuple:
         failed += r.failed
         upstream += r.upstream
         extra = f", {r.upstream} not runnable upstream" if r.upstream else ""
-        print(f"  {key}: {r.passed} passed, {r.failed} failed{extra}")
+        sample = f" [sample: {r.sample}]" if r.sample else ""
+        print(f"  {key}: {r.passed} passed, {r.failed} failed{extra}{sample}")
         for name, msg in r.errors:
             print(f"      {name}: {msg}")
     extra = f" ({upstream} more not runnable upstream, left out)" if upstream else ""
@@ -748,10 +967,16 @@ def main(argv=None) -> int:
                    help="test files run at the same time (default 1; each may need GBs)")
     p.add_argument("-k", dest="select", help="pytest -k expression (both corpora)")
     p.add_argument("--per-file", type=int, default=None, metavar="N",
-                   help="run an evenly spaced sample of at most N tests of each file (not "
-                        "counting the large shapes nki-library skips in simulation); nki-library "
-                        "has ~4300 simulation tests, too many for a small machine (its sample "
-                        "runs in one process: give --timeout for the whole sample)")
+                   help="run an evenly spaced sample of at most N tests of each file, among "
+                        "those the corpus's conftest does not skip (nki-library skips its large "
+                        "shapes in simulation); nki-library has ~4300 simulation tests, too many "
+                        "for a small machine. The sample is chosen in the process that runs it")
+    p.add_argument("--only", action="append", metavar="SUBSTR",
+                   help="nki-library: run only the test files whose path contains SUBSTR "
+                        "(repeatable); the figure is then that subset's")
+    p.add_argument("--test-timeout", type=float, default=None, metavar="S",
+                   help="fail a single test that runs longer than S seconds (SIGALRM), so a "
+                        "slow test costs only itself, not its file's whole process")
     args = p.parse_args(argv)
     args.pytest_args = ["-k", args.select] if args.select else []
     corpora = ("nki_samples", "sdk", "nki_samples_head", "nki_library")
@@ -769,7 +994,8 @@ def main(argv=None) -> int:
         ("tutorials", args.nki_samples if args.tutorials else None,
          "nki-samples tutorials (no torch/jax)", tutorials),
         ("nki-samples-head", args.nki_samples_head,
-         "nki-samples HEAD test/unit --simulation-only", nki_samples_head_tests),
+         "nki-samples HEAD: test/unit --simulation-only; its `import nki` kernels vs NumPy",
+         nki_samples_head_tests),
         ("nki-library", args.nki_library, "nki-library test/integration --test-mode simulation",
          nki_library_tests),
     ]

@@ -100,6 +100,21 @@ class Rules:
     # nl.max / nl.sum ... reduce "the last contiguous free dims" only ([1], [1, 2], ...;
     # STUB-R32 nl.max, §2.3); Beta 1 reduces any free axes.
     reduce_last_axes: bool = False
+    # Beta 1's catalogue restricts "allocated NKI kernels" (direct allocation): activation needs
+    # an explicit bias tile, no transpose on TensorE (err_bias_tensor_must_be_specified_in_
+    # allocation, err_transpose_on_tensor_engine_not_allowed_in_allocated_kernel; reference
+    # §4). nki 0.3+ has neither rule: 2.27 removed that catalogue (nki-current §4), every kernel
+    # is allocated by the compiler, and `address=` placement is ordinary (AWS's nki-library
+    # places tensors with address= through its SbufManager and calls activation without bias
+    # and nc_transpose on TensorE in the same kernels, e.g. attention_tkg).
+    allocated_kernel_rules: bool = True
+    # `if t:` on a tensor of several elements: Beta 1's err_ambiguous_tensor_truth_value
+    # (reference §4). In nki 0.3+ a tensor is an object handle and tests true: AWS's
+    # nki-library (mlp_tkg_constants.py) tests an optional tensor argument with
+    # `if params.expert_params and params.expert_params.expert_index:` (an HBM input). A
+    # one-element SBUF/PSUM tile still cannot steer Python (err_dynamic_control_flow_not_
+    # supported, both dialects): its value is what such a test would mean.
+    tensor_handle_truthy: bool = False
 
 
 BETA1 = Rules()

@@ -446,7 +446,7 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
             v = v + np.float32(bias)          # scalar bias allowed from NC-v3 (ref §1.10)
         else:
             raise nki_error("err_activation_bias_invalid_type")
-    elif run.allocated_kernel:
+    elif run.allocated_kernel and run.rules.allocated_kernel_rules:
         raise nki_error("err_bias_tensor_must_be_specified_in_allocation")
     out = nl.apply_unary(fname, v)
     shape = _tile_shape(x)
@@ -785,7 +785,7 @@ def nc_transpose(data, *, mask=None, dtype=None, engine=engine.unknown, **kwargs
         if x.root.buffer != "sbuf":
             raise nki_error("err_unsupported_memory", param="data", api=api, expected="sbuf",
                             got=x.root.buffer)
-        if run.allocated_kernel:
+        if run.allocated_kernel and run.rules.allocated_kernel_rules:
             raise nki_error("err_transpose_on_tensor_engine_not_allowed_in_allocated_kernel")
     v = read(x, api, run).reshape(P, F).T
     detail = _detail(x)

@@ -657,8 +657,20 @@ _COMPARE = {"equal", "not_equal", "greater", "greater_equal", "less", "less_equa
             "logical_and", "logical_or", "logical_xor"}
 
 
+# The ALU's one-input ops (ALU op table, nki.api.shared tbl-aluop: abs, reciprocal on
+# Vector/Scalar, rsqrt on GpSimd/Scalar, logical_not): as op0/op1 of tensor_scalar & co. they
+# apply to the first input and ignore the second (AWS's nki-library rmsnorm_quant.py:
+# tensor_scalar_reduce(op0=nl.abs, operand0=0.0, reduce_op=nl.maximum), an abs-max)
+_UNARY_ALU_FN = {
+    "abs": np.abs, "reciprocal": lambda a: 1.0 / a, "rsqrt": lambda a: 1.0 / np.sqrt(a),
+    "logical_not": lambda a: (a == 0).astype(np.float32),
+}
+
+
 def apply_binary(name, a, b):
     """fp32 (or raw-bit integer) element-wise op on engine inputs."""
+    if name in _UNARY_ALU_FN:
+        return _UNARY_ALU_FN[name](np.asarray(a, np.float32))
     fn = _BINARY_FN[name]
     # no np.errstate here: a run computes under np.errstate(all="ignore") (runtime.simulate)
     if _bitvec_op(name):
@@ -834,7 +846,7 @@ def _unary(name, x, dtype, mask):
         out = np.invert(v.astype(np.int64)) if v.dtype != np.bool_ else ~v
         engine = VECTOR
     else:
-        if run.allocated_kernel:
+        if run.allocated_kernel and run.rules.allocated_kernel_rules:
             # nl.exp & co. are ScalarE `activation` instructions, which need an explicit bias
             # tile in allocated kernels: use nisa.activation(..., bias=...) (ref §2.1)
             raise nki_error("err_bias_tensor_must_be_specified_in_allocation")

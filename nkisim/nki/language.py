@@ -133,10 +133,69 @@ finfo = _ops.finfo
 
 class NKIObject:
     """``nl.NKIObject``: the base class of user classes a kernel may use (nki-library's
-    configuration dataclasses and TensorView derive from it). On nkisim kernels are plain Python,
-    so it adds nothing."""
+    configuration dataclasses and TensorView derive from it). On nkisim kernels are plain Python.
+
+    One difference from a plain Python base: a ``@dataclass`` subclass's class attributes without
+    an annotation are fields too (with that default), so ``SectionParams(section_idx=i, ...)``
+    works for ``@dataclass class SectionParams(nl.NKIObject): section_idx = None`` (AWS's
+    nki-library attention_cte.py builds its SectionParams that way; plain ``dataclasses`` would
+    raise "unexpected keyword argument"). They are added after the annotated fields. Every field
+    may be left out and is then None (nki-library leaves out a field it declares without a
+    default, see __init_subclass__), so the field order stays valid. A mutable default (unhashable: a list, dict, set,
+    dataclass instance) is left a plain class attribute: dataclasses rejects it as a default, and
+    the class may not be a dataclass at all."""
 
     __slots__ = ()
+
+    def __init__(self, *args, **kwargs):
+        """Without @dataclass, too, a subclass is built from its fields by keyword (or by
+        position, in annotation order): AWS's nki-library moe_cte builds
+        ``DimensionSizes(T=T, H=H, B=B, E=E, N=N, I_TP=i)`` and ``Configs(...)``, plain
+        ``NKIObject`` subclasses with annotated attributes, leaving the fields it derives later
+        unset. A name that is not a field (annotated or a class attribute) is a TypeError."""
+        fields = _nkiobject_fields(type(self))
+        if len(args) > len(fields):
+            raise TypeError(f"{type(self).__name__}() takes at most {len(fields)} positional "
+                            f"arguments ({len(args)} given)")
+        for name, value in zip(fields, args):
+            setattr(self, name, value)
+        for name, value in kwargs.items():
+            if name not in fields and not hasattr(type(self), name):
+                raise TypeError(f"{type(self).__name__}() got an unexpected keyword argument "
+                                f"'{name}'")
+            setattr(self, name, value)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        import dataclasses
+
+        own = cls.__dict__.get("__annotations__")
+        if own is None:
+            own = {}
+            cls.__annotations__ = own
+        for name, value in list(cls.__dict__.items()):
+            if name.startswith("_") or name in own or callable(value) or \
+                    hasattr(value, "__get__") or isinstance(value, dataclasses.Field) or \
+                    type(value).__hash__ is None:      # what dataclasses calls mutable
+                continue
+            own[name] = "typing.Any"
+        # every field may be left out (None): AWS's nki-library builds its @dataclass
+        # MLPTKGConstantsDimensionSizes(...) without `remainderIFused: int`, which it declares
+        # with no default (core/mlp/mlp_tkg/mlp_tkg_constants.py, used by mlp_tkg and moe_tkg)
+        for name, ann in list(own.items()):
+            if name not in cls.__dict__ and not name.startswith("__") and \
+                    "ClassVar" not in str(ann) and "InitVar" not in str(ann):
+                setattr(cls, name, None)
+
+
+def _nkiobject_fields(cls) -> list:
+    """The annotated attribute names of an NKIObject subclass, base classes first."""
+    out = []
+    for klass in reversed(cls.__mro__):
+        for name in klass.__dict__.get("__annotations__", {}):
+            if name not in out and not name.startswith("__"):
+                out.append(name)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -75,3 +75,81 @@ def test_shared_constant_reads_a_npy_file(tmp_path):
 
     with pytest.raises(Exception, match="cannot read the constant file"):
         nki.simulate(missing)(np.zeros_like(m))
+
+
+def test_address_placed_kernel_may_omit_the_bias_and_transpose_on_tensore():
+    """Beta 1's "allocated NKI kernels" restrictions (activation needs a bias tile, no TensorE
+    transpose) are not rules of nki 0.3+: AWS's nki-library places tensors with address= (its
+    SbufManager) and, in the same kernels (attention_tkg), calls activation without bias and
+    nc_transpose on the Tensor Engine."""
+    @nki.jit
+    def exp_then_transpose(x):
+        out = nl.ndarray((64, 128), dtype=x.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 64), dtype=x.dtype, buffer=nl.sbuf, address=(0, 0))
+        e = nl.ndarray((128, 64), dtype=x.dtype, buffer=nl.sbuf, address=(0, 1024))
+        p = nl.ndarray((64, 128), dtype=x.dtype, buffer=nl.psum, address=(0, 0))
+        r = nl.ndarray((64, 128), dtype=x.dtype, buffer=nl.sbuf, address=(0, 2048))
+        nisa.dma_copy(dst=t, src=x)
+        nisa.activation(dst=e, op=nl.exp, data=t)
+        nisa.nc_transpose(dst=p, data=e, engine=nisa.engine.tensor)
+        nisa.tensor_copy(dst=r, src=p)
+        nisa.dma_copy(dst=out, src=r)
+        return out
+
+    x = np.linspace(-2, 2, 128 * 64, dtype=np.float32).reshape(128, 64)
+    np.testing.assert_allclose(nki.simulate(exp_then_transpose)(x), np.exp(x).T, rtol=1e-6)
+
+
+def test_a_tensor_argument_tests_true_as_an_object_handle():
+    """AWS's nki-library (mlp_tkg_constants.py) tests an optional tensor argument with
+    `if params.expert_index:`; in nki 0.3+ a tensor is a handle and tests true. A one-element
+    SBUF tile cannot steer Python (a dynamic-control-flow error)."""
+    @nki.jit
+    def pick(x, idx=None):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x)
+        if idx:
+            nisa.activation(dst=t, op=nl.exp, data=t)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    x = np.linspace(-1, 1, 128 * 4, dtype=np.float32).reshape(128, 4)
+    np.testing.assert_allclose(nki.simulate(pick)(x, np.zeros((4, 2), np.int32)), np.exp(x),
+                               rtol=1e-6)
+    np.testing.assert_array_equal(nki.simulate(pick)(x), x)
+
+    @nki.jit
+    def branch_on_value(x):
+        t = nl.ndarray((1, 1), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x)
+        if t:
+            pass
+        return x
+
+    with pytest.raises(Exception, match="dynamic control-flow depending on tensor value"):
+        nki.simulate(branch_on_value)(np.ones((1, 1), np.float32))
+
+
+def test_one_input_alu_op_as_op0_is_an_abs_max():
+    """ALU op table (tbl-aluop): abs is a one-input ALU op; AWS's nki-library rmsnorm_quant.py
+    computes a row's abs-max with tensor_scalar_reduce(op0=nl.abs, operand0=0.0,
+    reduce_op=nl.maximum). The operand is ignored."""
+    @nki.jit
+    def absmax(x):
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        amax = nl.ndarray((x.shape[0], 1), dtype=x.dtype, buffer=nl.shared_hbm)
+        t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        a = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        m = nl.ndarray((x.shape[0], 1), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x)
+        nisa.tensor_scalar_reduce(dst=a, data=t, op0=nl.abs, operand0=0.0,
+                                  reduce_op=nl.maximum, reduce_res=m)
+        nisa.dma_copy(dst=out, src=a)
+        nisa.dma_copy(dst=amax, src=m)
+        return out, amax
+
+    x = np.random.default_rng(3).uniform(-5, 5, (128, 16)).astype(np.float32)
+    got, amax = nki.simulate(absmax)(x)
+    np.testing.assert_array_equal(got, np.abs(x))
+    np.testing.assert_array_equal(amax[:, 0], np.abs(x).max(axis=1))

@@ -582,6 +582,69 @@ def test_nkiobject_and_typing():
     assert nki.dtype is nl.dtype
 
 
+def test_nkiobject_dataclass_fields_include_unannotated_class_attributes():
+    """AWS's nki-library attention_cte.py: `@dataclass class SectionParams(nl.NKIObject):
+    section_idx = None ...` is built as SectionParams(section_idx=..., ...)."""
+    @dataclasses.dataclass
+    class Section(nl.NKIObject):
+        size: int
+        idx = None
+        offset = 0
+        table = [1, 2]                 # unhashable: stays a class attribute
+
+        def end(self):
+            return self.offset + self.size
+
+        @property
+        def twice(self):
+            return 2 * self.size
+
+    s = Section(4, idx=1, offset=8)
+    assert [f.name for f in dataclasses.fields(Section)] == ["size", "idx", "offset"]
+    assert (s.idx, s.offset, s.end(), s.twice, s.table) == (1, 8, 12, 8, [1, 2])
+    assert Section(2).idx is None and Section(2).offset == 0
+    # a field declared without a default may be left out (nki-library mlp_tkg_constants.py
+    # builds MLPTKGConstantsDimensionSizes without its `remainderIFused: int`): None
+    assert Section(idx=3).size is None
+    with pytest.raises(TypeError):
+        Section(2, table=[3])
+
+    class Plain(nl.NKIObject):         # not a dataclass: class attributes as Python has them
+        idx = None
+    p = Plain()
+    p.idx = 3
+    assert (p.idx, Plain.idx) == (3, None)
+
+
+def test_nkiobject_subclass_without_dataclass_is_built_from_its_fields():
+    """AWS's nki-library moe_cte: `class DimensionSizes(NKIObject): B: int ...` (no @dataclass)
+    built as DimensionSizes(T=T, H=H, ...), the derived fields set later by a method."""
+    class Dims(nl.NKIObject):
+        B: int
+        H: int
+        area: int
+        mode = "x"
+
+        def derive(self):
+            self.area = self.B * self.H
+
+    d = Dims(B=2, H=3)
+    assert d.area is None
+    d.derive()
+    assert (d.B, d.H, d.area, d.mode) == (2, 3, 6, "x")
+    assert Dims(4, 5).H == 5                            # by position, in annotation order
+    assert Dims(2, 3, mode="y").mode == "y"
+    with pytest.raises(TypeError, match="unexpected keyword argument 'Q'"):
+        Dims(Q=1)
+    with pytest.raises(TypeError, match="at most 4 positional"):
+        Dims(1, 2, 3, 4, 5)
+
+    class Own(nl.NKIObject):          # a class with its own __init__ keeps it
+        def __init__(self, x):
+            self.x = 2 * x
+    assert Own(5).x == 10
+
+
 @pytest.mark.parametrize("name,ref", [
     # GELU's sigmoid approximation x * sigmoid(1.702 x) (Hendrycks & Gimpel 2016, §2) and the
     # derivatives of silu / gelu, by central differences of NumPy references

@@ -111,3 +111,68 @@ def test_neuron_dtypes_stand_in_casts_like_the_hardware(glue_dir):
     assert nd.sizeinbytes("bfloat16") == 2 and nd.sizeinbytes(np.float32) == 4
     with pytest.raises(NotImplementedError, match="packed MX type"):
         nd.static_cast(np.zeros(4), nd.float8_e4m3fn_x4)
+
+
+@pytest.fixture(scope="module")
+def conformance_module():
+    spec = importlib.util.spec_from_file_location(
+        "_conformance", os.path.join(ROOT, "benchmarks", "conformance.py"))
+    conformance = importlib.util.module_from_spec(spec)
+    sys.modules["_conformance"] = conformance
+    try:
+        spec.loader.exec_module(conformance)
+    finally:
+        del sys.modules["_conformance"]
+    return conformance
+
+
+SAMPLED_FILE = '''
+import time
+import pytest
+
+
+@pytest.mark.parametrize("i", range(10))
+def test_many(i):
+    assert i != 6
+
+
+@pytest.mark.skip(reason="skipped by its own file")
+@pytest.mark.parametrize("j", range(2))
+def test_skipped(j):
+    pass
+
+
+def test_slow():
+    time.sleep(30)
+
+
+@pytest.mark.trace_only
+def test_traced():
+    pass
+'''
+
+
+def test_per_file_sample_is_chosen_in_the_running_process(conformance_module, tmp_path):
+    """--per-file N: one pytest process per file keeps N evenly spaced tests among those not
+    skipped (in collection order), and says how many it chose of how many."""
+    (tmp_path / "test_sampled.py").write_text(SAMPLED_FILE)
+    # 10 + 1 runnable (test_slow is the last), 2 skipped: evenly spaced 4 of 11 = 0, 2, 5, 8
+    res = conformance_module.run_pytest("x", str(tmp_path), ["test_sampled.py"], [], [],
+                                        timeout=120, sample=4)
+    r = res["test_sampled.py"]
+    assert (r.passed, r.failed) == (4, 0)
+    assert r.sample == "4 of 11 runnable (14 collected, 1 marked trace/compile-only)"
+    res = conformance_module.run_pytest("x", str(tmp_path), ["test_sampled.py"], [], [],
+                                        timeout=120, sample=11, test_timeout=2)
+    r = res["test_sampled.py"]
+    assert (r.passed, r.failed) == (9, 2)        # test_many[6] and test_slow (over 2 s)
+    assert any("TIMEOUT" in msg for _, msg in r.errors), r.errors
+
+
+def test_upstream_failures_are_recognised_by_all_their_patterns(conformance_module):
+    why = conformance_module._upstream_failure(
+        "nki-library", 'E   KeyError: \'mask_out_hbm\'\n  return {"golden_mask": '
+                       'kernel_input["mask_out_hbm"]}')
+    assert why and "must_alias_input" in why
+    assert conformance_module._upstream_failure(
+        "nki-library", "E   KeyError: 'mask_out_hbm'  (raised inside the simulator)") is None
