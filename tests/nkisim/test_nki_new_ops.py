@@ -770,3 +770,61 @@ def test_ap_vector_offset_on_a_flattened_view_indexes_elements():
     want = table.copy().reshape(-1)
     want[[5, 13, 22]] = vals[:, 0]
     np.testing.assert_array_equal(nki.simulate(k)(table, vals, idx), want.reshape(4, 6))
+
+
+# ---------------------------------------------------------------------------------------------
+# LNC 2: each logical core has its own SBUF/PSUM (nki-current.md §3), address-placed tiles too
+
+
+@nki.jit
+def placed_tile_per_core(a):
+    """Both cores place a tile at the same SBUF address (AWS's attention_cte does), scale their
+    own half in it, meet at a barrier, then write it out: neither core sees the other's bytes."""
+    n, f = a.shape
+    h = n // 2
+    pid = nl.program_id(0)
+    out = nl.ndarray((n, f), dtype=a.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((h, f), dtype=a.dtype, buffer=nl.sbuf, address=(0, 0))
+    nisa.dma_copy(dst=t, src=a[pid * h:(pid + 1) * h, :])
+    nisa.core_barrier(data=out, cores=(0, 1))
+    nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=3.0)
+    nisa.dma_copy(dst=out[pid * h:(pid + 1) * h, :], src=t)
+    return out
+
+
+@nki.jit
+def placed_tile_no_barrier(a):
+    n, f = a.shape
+    h = n // 2
+    pid = nl.program_id(0)
+    out = nl.ndarray((n, f), dtype=a.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((h, f), dtype=a.dtype, buffer=nl.sbuf, address=(0, 512))
+    nisa.dma_copy(dst=t, src=a[pid * h:(pid + 1) * h, :])
+    nisa.dma_copy(dst=out[pid * h:(pid + 1) * h, :], src=t)
+    return out
+
+
+@pytest.mark.parametrize("kernel", [placed_tile_per_core, placed_tile_no_barrier])
+def test_lnc2_address_placed_tiles_are_per_core(kernel):
+    a = rand((64, 16))
+    out = nki.simulate(kernel[2])(a)
+    want = a * (3 if kernel is placed_tile_per_core else 1)
+    np.testing.assert_array_equal(out, want)
+
+
+@nki.jit
+def shared_hbm_same_rows(a):
+    """A real cross-core race stays one: both cores write different values to the same rows."""
+    n, f = a.shape
+    pid = nl.program_id(0)
+    out = nl.ndarray((n, f), dtype=a.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((n, f), dtype=a.dtype, buffer=nl.sbuf, address=(0, 0))
+    nisa.dma_copy(dst=t, src=a)
+    nisa.tensor_scalar(dst=t, data=t, op0=nl.add, operand0=pid * 1.0)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_lnc2_cross_core_hbm_race_still_reported():
+    with pytest.raises(Exception, match="output_dependencies|program id"):
+        nki.simulate(shared_hbm_same_rows[2])(rand((32, 8)))
