@@ -19,6 +19,7 @@ from __future__ import annotations
 import enum
 import functools
 import math
+import operator
 
 import numpy as np
 
@@ -147,18 +148,40 @@ class matmul_perf_mode(enum.Enum):
     double_row = "double_row"
 
 
-@functools.total_ordering
+def _generation(v):
+    """The generation number ``v`` stands for (a member or a plain int), or None."""
+    if isinstance(v, nc_version):
+        return v.value
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        return int(v)
+    return None
+
+
 class nc_version(enum.Enum):
-    """Ordered by generation: nki-library compares them (core/topk/rotational_topk_utils.py
-    ``if nisa.get_nc_version() <= nisa.nc_version.gen2:``, in a kernel AWS's CI simulates)."""
+    """Ordered by generation, against members and plain ints alike: nki-library compares them
+    both ways (core/topk/rotational_topk_utils.py ``if nisa.get_nc_version() <=
+    nisa.nc_version.gen2:``; experimental/collectives/fgcc.py ``if nisa.get_nc_version() >=
+    3:`` and fg_allgather.py ``2 if nisa.get_nc_version() >= 3 else 4``, in kernels AWS's CI
+    simulates). Equality stays the Enum's (no kernel compares a version to an int with ==)."""
     gen2 = 2
     gen3 = 3
     gen4 = 4
 
+    def _cmp(self, other, op):
+        g = _generation(other)
+        return NotImplemented if g is None else op(self.value, g)
+
     def __lt__(self, other):
-        if not isinstance(other, nc_version):
-            return NotImplemented
-        return self.value < other.value
+        return self._cmp(other, operator.lt)
+
+    def __le__(self, other):
+        return self._cmp(other, operator.le)
+
+    def __gt__(self, other):
+        return self._cmp(other, operator.gt)
+
+    def __ge__(self, other):
+        return self._cmp(other, operator.ge)
 
 
 class dma_engine(enum.Enum):

@@ -702,12 +702,19 @@ def test_dma_compute_is_one_dma_moving_every_source():
 
 
 def test_nc_versions_are_ordered_by_generation():
-    """nki-library's topk: ``if nisa.get_nc_version() <= nisa.nc_version.gen2``."""
+    """nki-library's topk: ``if nisa.get_nc_version() <= nisa.nc_version.gen2``; its
+    experimental/collectives fgcc.py and fg_allgather.py: ``nisa.get_nc_version() >= 3`` (a
+    plain int, read as the generation)."""
     v = nisa.nc_version
     assert v.gen2 < v.gen3 < v.gen4 and v.gen3 <= v.gen3 and not v.gen4 <= v.gen2
     assert sorted([v.gen4, v.gen2, v.gen3]) == [v.gen2, v.gen3, v.gen4]
+    assert v.gen3 >= 3 and v.gen4 >= 3 and not v.gen2 >= 3
+    assert v.gen2 < 3 and v.gen3 <= 3 and v.gen3 > 2 and not v.gen3 > 3
+    assert 3 <= v.gen3 and 2 < v.gen3 and not 4 <= v.gen3       # reflected
     with pytest.raises(TypeError):
-        v.gen2 < 3  # noqa: B015
+        v.gen2 < "3"  # noqa: B015
+    with pytest.raises(TypeError):
+        v.gen2 < True  # noqa: B015
 
 
 def test_an_error_in_one_core_while_the_other_waits_is_raised_and_no_thread_is_left():
