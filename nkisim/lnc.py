@@ -18,7 +18,7 @@ launch is deadlocked: ``nkisim_lnc_deadlock`` names what each instance waits for
 
 Per instance the Run keeps its own program id, loop stack, epoch, SBUF/PSUM accounting (each
 logical core has its own SBUF and PSUM: a suspended instance's tiles do not count against the
-running one's) and accumulators; they are swapped at every switch. For nkisim.checks a
+running one's), the bytes of its address-placed tiles and accumulators; they are swapped at every switch. For nkisim.checks a
 synchronisation of all instances starts a new *phase* of the SPMD pseudo-loop: what an instance
 wrote before it is ordered before what any instance does after it (core_barrier's purpose:
 "both cores can safely read the complete tensor", nki.isa.core_barrier docs).
@@ -32,7 +32,8 @@ from .errors import nki_error
 
 # the Run fields that belong to one program instance (swapped at every switch)
 _FIELDS = ("program_ids", "shared_hbm_cursor", "loops", "epoch", "par_cache", "taint",
-           "last_fresh", "assoc", "nesting", "vector_acc", "memory")
+           "last_fresh", "assoc", "nesting", "vector_acc", "memory",
+           "sbuf_bytes", "psum_bytes", "direct_sites")
 
 # Python's default thread stack (8 MiB on Linux, less elsewhere) is small for deep kernels;
 # nki-library's kernels nest several helper layers (measured: fine with 64 MiB)
@@ -145,6 +146,12 @@ class Instances:
             run.vector_acc = {}
             run.memory = Memory(run)
             self.memories.append(run.memory)
+        # each logical core has its own SBUF and PSUM (module doc): its tiles placed with
+        # ``address=`` (or ncc's direct allocation) are its own bytes and its own record of
+        # which were written, never another instance's (AWS's attention_cte and qkv_cte place
+        # tiles at the same address on both cores of their LNC 2 launches)
+        run.sbuf_bytes = run.psum_bytes = None
+        run.direct_sites = {}
         run.program_ids = self.ids[i]
         run.shared_hbm_cursor = 0
         if run.grid:           # each instance is an "iteration" of the grid for nkisim.checks

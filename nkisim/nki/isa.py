@@ -19,6 +19,7 @@ from __future__ import annotations
 import enum
 import functools
 import math
+import operator
 
 import numpy as np
 
@@ -147,18 +148,40 @@ class matmul_perf_mode(enum.Enum):
     double_row = "double_row"
 
 
-@functools.total_ordering
+def _generation(v):
+    """The generation number ``v`` stands for (a member or a plain int), or None."""
+    if isinstance(v, nc_version):
+        return v.value
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        return int(v)
+    return None
+
+
 class nc_version(enum.Enum):
-    """Ordered by generation: nki-library compares them (core/topk/rotational_topk_utils.py
-    ``if nisa.get_nc_version() <= nisa.nc_version.gen2:``, in a kernel AWS's CI simulates)."""
+    """Ordered by generation, against members and plain ints alike: nki-library compares them
+    both ways (core/topk/rotational_topk_utils.py ``if nisa.get_nc_version() <=
+    nisa.nc_version.gen2:``; experimental/collectives/fgcc.py ``if nisa.get_nc_version() >=
+    3:`` and fg_allgather.py ``2 if nisa.get_nc_version() >= 3 else 4``, in kernels AWS's CI
+    simulates). Equality stays the Enum's (no kernel compares a version to an int with ==)."""
     gen2 = 2
     gen3 = 3
     gen4 = 4
 
+    def _cmp(self, other, op):
+        g = _generation(other)
+        return NotImplemented if g is None else op(self.value, g)
+
     def __lt__(self, other):
-        if not isinstance(other, nc_version):
-            return NotImplemented
-        return self.value < other.value
+        return self._cmp(other, operator.lt)
+
+    def __le__(self, other):
+        return self._cmp(other, operator.le)
+
+    def __gt__(self, other):
+        return self._cmp(other, operator.gt)
+
+    def __ge__(self, other):
+        return self._cmp(other, operator.ge)
 
 
 class dma_engine(enum.Enum):
@@ -679,8 +702,8 @@ def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1,
 @_validated
 def memset(dst, value, engine=engine.unknown, name=None):
     """Fill ``dst`` with ``value`` (Vector or GpSimd). From 0.3.0 "the value's type must match
-    dst.dtype" (MIG 0.2->0.3: ``2`` not ``2.0`` for int32). nkisim rejects a float value for an
-    integer dtype; an int value for a float dtype is accepted (AWS's nki-library, CI-tested,
+    dst.dtype" (MIG 0.2->0.3: ``2`` not ``2.0`` for int32). nkisim rejects a non-integral float
+    value for an integer dtype and tolerates an integral one with a rule warning; an int value for a float dtype is accepted (AWS's nki-library, CI-tested,
     memsets float tiles with ``value=0``)."""
     api = "memset"
     eng = _core_engine(engine, api, ("vector", "gpsimd"))
@@ -691,8 +714,17 @@ def memset(dst, value, engine=engine.unknown, name=None):
         raise TypeError(f"{api}() value must be a Python or NumPy number, got "
                         f"{type(value).__name__}")
     if dtypes.is_int(dst.dtype) and isinstance(value, (float, np.floating)):
-        raise _invalid(f"{api} value {value!r} is a float but dst is "
-                       f"{dtypes.name(dst.dtype)}: pass an int")
+        if not (np.isfinite(value) and float(value).is_integer()):
+            raise _invalid(f"{api} value {value!r} is a float but dst is "
+                           f"{dtypes.name(dst.dtype)}: pass an int")
+        # an integral float is tolerated: AWS's CI-tested nki-library (router_topk) memsets
+        # uint32 tiles with value=0.0; the value is exact, so nothing is lost
+        context.current().rule(
+            ("memset_float_int",), f"{api}() value={value!r} is a float for a "
+            f"{dtypes.name(dst.dtype)} dst, read as {int(value)}",
+            "the value's type must match dst.dtype",
+            "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.32.0/nki/migration/index.html")
+        value = int(value)
     res = _core.memset(dst.shape, value, dst.dtype, engine=eng)
     return _into(dst, res, api, name)
 

@@ -696,8 +696,17 @@ def test_memset_value_type_must_match_an_integer_dtype():
         return out_of(t)
 
     np.testing.assert_array_equal(k(7), np.full((4, 8), 7, np.int32))
-    with pytest.raises(AssertionError, match="memset value 2.0 is a float but dst is int32"):
-        k(2.0)
+    # a non-integral float has no int32 value: an error
+    with pytest.raises(AssertionError, match="memset value 2.5 is a float but dst is int32"):
+        k(2.5)
+    # an integral float is a tolerated rule (AWS's nki-library router_topk memsets uint32 tiles
+    # with value=0.0): a warning quoting the rule, the value read exactly; strict: an error
+    with pytest.warns(Warning, match="must match dst.dtype"):
+        np.testing.assert_array_equal(k(2.0), np.full((4, 8), 2, np.int32))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NKISIM_STRICT", "1")
+        with pytest.raises(ValueError, match="must match dst.dtype"):
+            k(0.0)
 
 
 def test_memset_float_tile_and_engines():

@@ -131,18 +131,36 @@ def test_a_barrier_naming_a_core_the_launch_lacks_is_an_error():
         nki.simulate(barrier_of_two_cores)(rand((16, 8)))
 
 
-def test_a_barrier_on_an_sbuf_tile_is_an_error():
-    @nki.jit
-    def k(a):
-        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
-        t = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=t, src=a)
-        nisa.core_barrier(t, (0, 1))
-        nisa.dma_copy(dst=out, src=t)
-        return out
+def test_a_barrier_on_an_sbuf_tile_is_a_tolerated_rule_and_psum_an_error():
+    # docs: data "must be data in shared HBM"; AWS's CI-tested nki-library (moe_cte's
+    # bwmm_shard_on_I.py) synchronises on an SBUF tile: a warning quoting the rule, strict: error
+    def make(buffer):
+        @nki.jit
+        def k(a):
+            out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+            s = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(dst=s, src=a)
+            t = nl.ndarray(a.shape, dtype=a.dtype, buffer=buffer)
+            nisa.tensor_copy(dst=t, src=s)
+            nisa.core_barrier(t, (0, 1))
+            u = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.sbuf)
+            nisa.tensor_copy(dst=u, src=t)
+            h = a.shape[0] // 2
+            pid = nl.program_id(0)
+            nisa.dma_copy(dst=out[pid * h:(pid + 1) * h, :], src=u[pid * h:(pid + 1) * h, :])
+            return out
+        return k
+
+    a = rand((16, 8))
+    with pytest.warns(Warning, match="must be data in shared HBM"):
+        np.testing.assert_array_equal(nki.simulate(make(nl.sbuf)[2])(a), a)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NKISIM_STRICT", "1")
+        with pytest.raises(ValueError, match="must be data in shared HBM"):
+            nki.simulate(make(nl.sbuf)[2])(a)
     with pytest.raises(nisa.NkiValidationError, match="'data' of 'core_barrier' to be in "
                                                       "address space 'hbm'"):
-        nki.simulate(k[2])(rand((16, 8)))
+        nki.simulate(make(nl.psum)[2])(a)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -684,12 +702,19 @@ def test_dma_compute_is_one_dma_moving_every_source():
 
 
 def test_nc_versions_are_ordered_by_generation():
-    """nki-library's topk: ``if nisa.get_nc_version() <= nisa.nc_version.gen2``."""
+    """nki-library's topk: ``if nisa.get_nc_version() <= nisa.nc_version.gen2``; its
+    experimental/collectives fgcc.py and fg_allgather.py: ``nisa.get_nc_version() >= 3`` (a
+    plain int, read as the generation)."""
     v = nisa.nc_version
     assert v.gen2 < v.gen3 < v.gen4 and v.gen3 <= v.gen3 and not v.gen4 <= v.gen2
     assert sorted([v.gen4, v.gen2, v.gen3]) == [v.gen2, v.gen3, v.gen4]
+    assert v.gen3 >= 3 and v.gen4 >= 3 and not v.gen2 >= 3
+    assert v.gen2 < 3 and v.gen3 <= 3 and v.gen3 > 2 and not v.gen3 > 3
+    assert 3 <= v.gen3 and 2 < v.gen3 and not 4 <= v.gen3       # reflected
     with pytest.raises(TypeError):
-        v.gen2 < 3  # noqa: B015
+        v.gen2 < "3"  # noqa: B015
+    with pytest.raises(TypeError):
+        v.gen2 < True  # noqa: B015
 
 
 def test_an_error_in_one_core_while_the_other_waits_is_raised_and_no_thread_is_left():
@@ -770,3 +795,61 @@ def test_ap_vector_offset_on_a_flattened_view_indexes_elements():
     want = table.copy().reshape(-1)
     want[[5, 13, 22]] = vals[:, 0]
     np.testing.assert_array_equal(nki.simulate(k)(table, vals, idx), want.reshape(4, 6))
+
+
+# ---------------------------------------------------------------------------------------------
+# LNC 2: each logical core has its own SBUF/PSUM (nki-current.md §3), address-placed tiles too
+
+
+@nki.jit
+def placed_tile_per_core(a):
+    """Both cores place a tile at the same SBUF address (AWS's attention_cte does), scale their
+    own half in it, meet at a barrier, then write it out: neither core sees the other's bytes."""
+    n, f = a.shape
+    h = n // 2
+    pid = nl.program_id(0)
+    out = nl.ndarray((n, f), dtype=a.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((h, f), dtype=a.dtype, buffer=nl.sbuf, address=(0, 0))
+    nisa.dma_copy(dst=t, src=a[pid * h:(pid + 1) * h, :])
+    nisa.core_barrier(data=out, cores=(0, 1))
+    nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=3.0)
+    nisa.dma_copy(dst=out[pid * h:(pid + 1) * h, :], src=t)
+    return out
+
+
+@nki.jit
+def placed_tile_no_barrier(a):
+    n, f = a.shape
+    h = n // 2
+    pid = nl.program_id(0)
+    out = nl.ndarray((n, f), dtype=a.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((h, f), dtype=a.dtype, buffer=nl.sbuf, address=(0, 512))
+    nisa.dma_copy(dst=t, src=a[pid * h:(pid + 1) * h, :])
+    nisa.dma_copy(dst=out[pid * h:(pid + 1) * h, :], src=t)
+    return out
+
+
+@pytest.mark.parametrize("kernel", [placed_tile_per_core, placed_tile_no_barrier])
+def test_lnc2_address_placed_tiles_are_per_core(kernel):
+    a = rand((64, 16))
+    out = nki.simulate(kernel[2])(a)
+    want = a * (3 if kernel is placed_tile_per_core else 1)
+    np.testing.assert_array_equal(out, want)
+
+
+@nki.jit
+def shared_hbm_same_rows(a):
+    """A real cross-core race stays one: both cores write different values to the same rows."""
+    n, f = a.shape
+    pid = nl.program_id(0)
+    out = nl.ndarray((n, f), dtype=a.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((n, f), dtype=a.dtype, buffer=nl.sbuf, address=(0, 0))
+    nisa.dma_copy(dst=t, src=a)
+    nisa.tensor_scalar(dst=t, data=t, op0=nl.add, operand0=pid * 1.0)
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_lnc2_cross_core_hbm_race_still_reported():
+    with pytest.raises(Exception, match="output_dependencies|program id"):
+        nki.simulate(shared_hbm_same_rows[2])(rand((32, 8)))
