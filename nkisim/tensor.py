@@ -108,7 +108,7 @@ class Allocation:
     __slots__ = ("id", "buffer", "name", "key", "row_bytes", "p_base", "shadow", "param",
                  "mutable", "live", "pbytes", "banks", "loop", "file", "line", "direct",
                  "dtype", "shape", "epoch", "hi", "gen", "full", "uniform", "taint",
-                 "adopted", "store", "buf", "base_off", "unpoisoned", "__weakref__")
+                 "adopted", "store", "buf", "base_off", "unpoisoned", "nparts", "__weakref__")
 
     def __init__(self, buffer, name, dtype, shape):
         self.buffer = buffer          # "hbm" | "sbuf" | "psum"
@@ -125,6 +125,7 @@ class Allocation:
         self.mutable = False
         self.live = False
         self.pbytes = 0
+        self.nparts = 128             # SBUF/PSUM: partitions the tile spans (nkisim.memory)
         self.banks = 0
         self.loop = None
         self.file = ""
@@ -322,6 +323,7 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
     a.key = _site_key(run, buf.kind, file, line, result=not api.startswith("nl."))
     a.row_bytes = pbytes
     a.pbytes = pbytes
+    a.nparts = P
     if buf.kind == "psum":
         a.banks = -(-pbytes // run.arch.psum_bank_bytes)
     if paxis:
@@ -400,6 +402,7 @@ def _allocate_tile(run, spec, name, fill, api, poison, storage, nl_api, where=No
     a.buf = spec.buf
     a.key = _site_key(run, kind, file, line, result=not nl_api)
     a.row_bytes = a.pbytes = spec.pbytes
+    a.nparts = phys_shape[0]
     a.banks = spec.banks
     if adopted:
         # the instruction's values are the storage: its write (the next call, ``write(t,
