@@ -1292,6 +1292,37 @@ def inherit_taint(dst: Tensor, src: Tensor) -> None:
             run.taint = None
 
 
+def accumulator_garbage(run, t: Tensor, view: Tensor, api: str):
+    """Before an instruction adds into accumulator ``t`` (``nc_matmul(dst, accumulate=...)``),
+    reading the elements of ``view`` (those it adds to): the race checks, and, instead of an
+    uninitialized-read error, the (elements of ``t`` that hold never-written values, origin)
+    to pass to ``taint_elements`` after the write, or None. A partial sum computed from
+    never-written inputs (an earlier matmul's taint, see above) stays never-written when more
+    is added to it; like any garbage it is an error only if it reaches HBM."""
+    try:
+        checks.check_read(run, view, api, accumulate=True)
+        return None
+    except ValueError as e:
+        if getattr(e, "nki_code", "") != _UNINIT:
+            raise
+        origin = getattr(t.root, "taint", None) or e
+    bad = checks.shadow_view(view) == 0
+    if view is not t:                   # a masked view: the shape of t, bad where it reads
+        bad = np.broadcast_to(bad, t.shape)
+    return np.ascontiguousarray(bad), origin
+
+
+def taint_elements(run, t: Tensor, garbage) -> None:
+    """Mark the ``garbage`` of ``accumulator_garbage`` never-written in ``t`` again (the
+    write just stamped them)."""
+    bad, origin = garbage
+    prev, run.taint = run.taint, (ElementTaint(bad), origin)
+    try:
+        _apply_taint(run, t, "", None)
+    finally:
+        run.taint = prev
+
+
 def _check_oob(t: Tensor, mask) -> None:
     """``err_tensor_access_out_of_bound`` unless ``mask`` excludes every out-of-bound element."""
     bad, fields = t._oob

@@ -33,10 +33,12 @@ from ..errors import nki_error, shape_str
 from ..tensor import (
     Tensor,
     _masked_shadow_view,
+    accumulator_garbage,
     assign,
     fit,
     inherit_taint,
     region,
+    taint_elements,
     values,
     write,
 )
@@ -891,15 +893,19 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         # the accumulation reads the partial sums a matmul wrote (where no matmul did, True
         # adds garbage and was warned about): exempt from the race checks, as for
         # `psum += nisa.nc_matmul(...)` (an associative reduction)
+        garbage = None
         if dst._w is not None and init_any:
-            checks.check_read(run, dst if init_all else _masked_shadow_view(dst, init, run),
-                              "nc_matmul (accumulate)", accumulate=True)
+            garbage = accumulator_garbage(
+                run, dst, dst if init_all else _masked_shadow_view(dst, init, run),
+                "nc_matmul (accumulate)")
         if add_all and dst._idx is None and values(dst).dtype == np.float32:
             write(dst, None, api, accumulate=True, run=run, add=inc)    # in place, one pass
         else:
             cur = np.asarray(values(dst), np.float32)
             vals = cur + inc if add_all else np.where(init, cur + inc, inc)
             write(dst, vals, api, accumulate=True, run=run)
+        if garbage is not None:
+            taint_elements(run, dst, garbage)
     else:
         write(dst, inc, api, run=run)
     inherit_taint(dst, res)
