@@ -516,6 +516,8 @@ def from_numpy(arr: np.ndarray, name: str, *, mutable: bool = False) -> Tensor:
                                 "first, e.g. x.astype(np.float32))")
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)
+    elif mutable and not arr.flags.writeable:
+        arr = arr.copy()          # the kernel may write it (nkisim.runtime writes it back)
     a = _new_alloc(run, "hbm", name, dt, arr.shape, arr, "", 0)
     a.key = ("hbm", a.id)
     a.param = True
