@@ -517,6 +517,25 @@ def test_activation_scale_bias_and_reduce():
     assert ins.engine == "scalar" and len(ins.writes) == 2     # dst and reduce_res
 
 
+def test_activation_takes_an_fp8_bias_tile():
+    # nki 0.3+ documents no bias dtype rule (Beta 1's err_activation_bias_invalid_type allowed
+    # fp32/fp16/bf16 only; tests/nkisim/test_errors.py): AWS's nki-library qkv_cte passes a
+    # float8_e4m3 bias under static quantization
+    FP8 = np.dtype(ml_dtypes.float8_e4m3)
+    a = rand((32, 24), -2, 2)
+    bias = rand((32, 1), -1, 1).astype(FP8)
+
+    @nki.jit
+    def k(x, b):
+        c = sb(x.shape)
+        nisa.activation(c, ops.exp, load(x), bias=load(b))
+        return out_of(c)
+
+    np.testing.assert_allclose(k(a, bias), np.exp(a + bias.astype(np.float32)), rtol=1e-5)
+    with pytest.raises(TypeError, match="must be a vector of type float32"):
+        k(a, (bias.astype(np.float32) * 4).astype(np.int32))
+
+
 def test_activation_reduce_sums_along_the_free_dims():
     a = rand((16, 3, 8), -1, 1)
 
