@@ -217,6 +217,10 @@ class NkiInstruction:
 # `none` in the documented order {unknown, swdge, hwdge, none} (spec nki-current §2.4). Other
 # enums have no such evidence and keep the documented rejection.
 _INT_TOLERATED = {"dge_mode": ("unknown", "swdge", "hwdge", "none")}
+# Likewise a perf_mode string naming a member: AWS's nki-library (d2ad3a5, core/qkv/qkv_cte.py,
+# static-quantization fp8 path, simulated by AWS's attention_block_tkg model tests) passes
+# nc_matmul(perf_mode="double_row").
+_STR_TOLERATED = {"matmul_perf_mode"}
 
 
 def _enum(cls, value, api, param):
@@ -230,6 +234,14 @@ def _enum(cls, value, api, param):
             ("int_enum", cls.__name__), f"{api}() {param}={int(value)} is an integer, read as "
             f"nki.isa.{cls.__name__}.{member.name}",
             "Integer enum values (for example dge_mode=2) ... are rejected",
+            "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.32.0/nki/migration/index.html")
+        return member
+    if cls.__name__ in _STR_TOLERATED and isinstance(value, str) and value in cls.__members__:
+        member = cls[value]
+        context.current().rule(
+            ("str_enum", cls.__name__), f"{api}() {param}={value!r} is a string, read as "
+            f"nki.isa.{cls.__name__}.{member.name}",
+            "Integer enum values (for example dge_mode=2) and strings ... are rejected",
             "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.32.0/nki/migration/index.html")
         return member
     raise TypeError(f"{api}() {param} must be a nki.isa.{cls.__name__} member, got "
