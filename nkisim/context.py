@@ -108,6 +108,12 @@ class Rules:
     # places tensors with address= through its SbufManager and calls activation without bias
     # and nc_transpose on TensorE in the same kernels, e.g. attention_tkg).
     allocated_kernel_rules: bool = True
+    # activation's bias tile: Beta 1's catalogue allows float32, float16, bfloat16
+    # (err_activation_bias_invalid_type, reference §4); 2.27 removed that catalogue and the nki
+    # 0.3+ docs give no dtype rule for bias (nki-current §2.4 `activation`). AWS's nki-library
+    # qkv_cte with QuantizationType.STATIC passes a float8_e4m3 zero bias to activation_reduce
+    # (compute_mm_dtype; tested through attention_block_tkg): nki 0.3+ takes any float dtype.
+    activation_bias_any_float: bool = False
     # `if t:` on a tensor of several elements: Beta 1's err_ambiguous_tensor_truth_value
     # (reference §4). In nki 0.3+ a tensor is an object handle and tests true: AWS's
     # nki-library (mlp_tkg_constants.py) tests an optional tensor argument with

@@ -434,7 +434,8 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
     if bias is not None:
         if isinstance(bias, Tensor):
             bt = _tile(bias, api, "bias")
-            if bt.dtype not in (np.dtype(np.float32), np.dtype(np.float16), dtypes.bfloat16):
+            if bt.dtype not in (np.dtype(np.float32), np.dtype(np.float16), dtypes.bfloat16) \
+                    and not (run.rules.activation_bias_any_float and dtypes.is_float(bt.dtype)):
                 raise nki_error("err_activation_bias_invalid_type")
             if _tile_shape(bt) != (P, 1):
                 raise nki_error("nkisim_shape_mismatch", params=f"data{shape_str(x.shape)}, "

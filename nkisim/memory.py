@@ -16,7 +16,8 @@ iteration, live for that iteration's accesses (NKI scoping, ref §1.9); a tile u
 iterations is live until its last access. nkisim measures the lifetimes while the kernel runs
 and checks the peak when it ends.
 
-SBUF usage is counted in bytes per partition (``prod(free dims) * itemsize``, ref §1.2); PSUM
+SBUF usage is counted in bytes per partition (``prod(free dims) * itemsize``, ref §1.2) on the
+partitions a tile spans (see ``Memory._usage``); PSUM
 usage in 2 KiB banks, one bank per tile at least, because a PSUM tile cannot span banks and each
 matmul accumulation group owns a bank (ref §1.4, §1.11). A peak above the target's usable SBUF
 per partition (trn1 176 KiB; trn2 224 KiB, no reservation documented, see ``nkisim.arch``) or its
@@ -195,7 +196,7 @@ class Memory:
         key = (alloc.name, alloc.shape, dname, alloc.file, alloc.line)
         site = self.sites.setdefault(key, len(self.sites))
         size = alloc.pbytes if alloc.buffer == "sbuf" else alloc.banks
-        self.dead.append((first, last, size, alloc.buffer == "sbuf", site))
+        self.dead.append((first, last, size, alloc.buffer == "sbuf", site, alloc.nparts))
 
     def _dead(self, ref) -> None:
         # weakref callback: the kernel dropped its last reference to the tensor
@@ -212,20 +213,52 @@ class Memory:
     # ---- the peak ----
     def _usage(self, sbuf: bool):
         """(usage per clock point, lifetimes) of one buffer: point ``2c`` is before the
-        instruction at clock ``c`` writes, ``2c + 1`` after (see the module doc)."""
-        life = np.array([d[:3] + (d[4],) for d in self.dead if d[3] == sbuf],
-                        dtype=np.int64).reshape(-1, 4)
+        instruction at clock ``c`` writes, ``2c + 1`` after (see the module doc).
+
+        SBUF usage is partition-aware: a tile of ``p`` partitions occupies bytes on ``p``
+        partitions only (NKI 0.3 places tensors at a (start partition, byte) address; the
+        allocator can put a (64, F) tile beside another on partitions [64, 128)). AWS's own
+        rope test filter keeps shapes with four 64 KiB/partition tiles live at once, three of
+        them on 64 partitions: 256 KiB if every tile spanned all 128 partitions, but they fit
+        in trn2's 224 KiB. The usage at a point is the lower bound of what any placement
+        needs on its fullest partition: the bytes of the tiles spanning all partitions (on
+        every partition), plus, for the other tiles, the largest of:
+        - the bytes of those spanning more than half the partitions: two of them always
+          share a partition, and intervals that pairwise intersect share one point (Helly's
+          theorem in one dimension), so one partition holds them all;
+        - their total ``partitions x bytes`` spread evenly over the partitions;
+        - the bytes of the largest of them (its partitions hold it).
+        This is the plain sum when every tile spans all partitions."""
+        life = np.array([d[:3] + (d[4], d[5]) for d in self.dead if d[3] == sbuf],
+                        dtype=np.int64).reshape(-1, 5)
         n = 2 * (self.clock + 2)
-        use = np.zeros(n + 1, np.int64)
-        if len(life):
-            first, last, size = life[:, 0], life[:, 1], life[:, 2]
-            # before instruction c: live from before (first < c) and needed (c <= last)
-            # after instruction c: written at or before it and needed later, or born at it
-            lo = 2 * first + 1
-            hi = np.where(first < last, 2 * last, 2 * first + 1)   # inclusive
-            np.add.at(use, lo, size)
-            np.add.at(use, hi + 1, -size)
-        return np.cumsum(use[:-1]), life
+        if not len(life):
+            return np.zeros(n, np.int64), life[:, :4]
+        first, last, size, parts = life[:, 0], life[:, 1], life[:, 2], life[:, 4]
+        # before instruction c: live from before (first < c) and needed (c <= last)
+        # after instruction c: written at or before it and needed later, or born at it
+        lo = 2 * first + 1
+        hi = np.where(first < last, 2 * last, 2 * first + 1)   # inclusive
+
+        def timeline(amount):
+            use = np.zeros(n + 1, np.int64)
+            np.add.at(use, lo, amount)
+            np.add.at(use, hi + 1, -amount)
+            return np.cumsum(use[:-1])
+
+        if not sbuf:
+            return timeline(size), life[:, :4]
+        pmax = self.run.arch.pmax
+        full = parts >= pmax
+        rest = ~full
+        wide = timeline(np.where(rest & (2 * parts > pmax), size, 0))
+        spread = -(-timeline(np.where(rest, parts * size, 0)) // pmax)
+        largest = np.zeros(n, np.int64)
+        for s in np.unique(size[rest]):     # one timeline per distinct size (a few)
+            live = timeline(np.where(rest & (size == s), 1, 0)) > 0
+            np.maximum(largest, np.where(live, s, 0), out=largest)
+        use = timeline(np.where(full, size, 0)) + np.maximum(np.maximum(wide, spread), largest)
+        return use, life[:, :4]
 
     def finish(self) -> None:
         """The kernel ended: every lifetime is final; compute the peaks, check capacity."""

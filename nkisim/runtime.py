@@ -273,7 +273,17 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
         if run.rules.outputs_shared_hbm:
             _check_shared_outputs(run, outs)
         for a, t in writeback:
-            a[...] = values(t)
+            v = values(t)
+            if a.flags.writeable:
+                a[...] = v
+            elif not np.array_equal(a, v, equal_nan=a.dtype.kind in "fc"):
+                # a read-only caller array (np.broadcast_to, a read-only view: nki-library's
+                # output_proj_tkg fp8 sweep passes one) cannot take the kernel's writes
+                from . import errors
+                raise errors.nki_error("nkisim_unsupported",
+                                       what=f"writing kernel argument `{t.root.name}`",
+                                       why="the caller's NumPy array is read-only; pass a "
+                                           "writable copy")
         for name, t in mutables.items():
             if not writable and not any(o.root is t.root for o in outs):
                 raise nki_error("err_mutable_parameter_not_returned", name=name)

@@ -108,7 +108,7 @@ class Allocation:
     __slots__ = ("id", "buffer", "name", "key", "row_bytes", "p_base", "shadow", "param",
                  "mutable", "live", "pbytes", "banks", "loop", "file", "line", "direct",
                  "dtype", "shape", "epoch", "hi", "gen", "full", "uniform", "taint",
-                 "adopted", "store", "buf", "base_off", "unpoisoned", "__weakref__")
+                 "adopted", "store", "buf", "base_off", "unpoisoned", "nparts", "__weakref__")
 
     def __init__(self, buffer, name, dtype, shape):
         self.buffer = buffer          # "hbm" | "sbuf" | "psum"
@@ -125,6 +125,7 @@ class Allocation:
         self.mutable = False
         self.live = False
         self.pbytes = 0
+        self.nparts = 128             # SBUF/PSUM: partitions the tile spans (nkisim.memory)
         self.banks = 0
         self.loop = None
         self.file = ""
@@ -322,6 +323,7 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
     a.key = _site_key(run, buf.kind, file, line, result=not api.startswith("nl."))
     a.row_bytes = pbytes
     a.pbytes = pbytes
+    a.nparts = P
     if buf.kind == "psum":
         a.banks = -(-pbytes // run.arch.psum_bank_bytes)
     if paxis:
@@ -400,6 +402,7 @@ def _allocate_tile(run, spec, name, fill, api, poison, storage, nl_api, where=No
     a.buf = spec.buf
     a.key = _site_key(run, kind, file, line, result=not nl_api)
     a.row_bytes = a.pbytes = spec.pbytes
+    a.nparts = phys_shape[0]
     a.banks = spec.banks
     if adopted:
         # the instruction's values are the storage: its write (the next call, ``write(t,
@@ -513,6 +516,8 @@ def from_numpy(arr: np.ndarray, name: str, *, mutable: bool = False) -> Tensor:
                                 "first, e.g. x.astype(np.float32))")
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)
+    elif mutable and not arr.flags.writeable:
+        arr = arr.copy()          # the kernel may write it (nkisim.runtime writes it back)
     a = _new_alloc(run, "hbm", name, dt, arr.shape, arr, "", 0)
     a.key = ("hbm", a.id)
     a.param = True
@@ -1287,6 +1292,37 @@ def inherit_taint(dst: Tensor, src: Tensor) -> None:
             _apply_taint(run, dst, "", None)
         finally:
             run.taint = None
+
+
+def accumulator_garbage(run, t: Tensor, view: Tensor, api: str):
+    """Before an instruction adds into accumulator ``t`` (``nc_matmul(dst, accumulate=...)``),
+    reading the elements of ``view`` (those it adds to): the race checks, and, instead of an
+    uninitialized-read error, the (elements of ``t`` that hold never-written values, origin)
+    to pass to ``taint_elements`` after the write, or None. A partial sum computed from
+    never-written inputs (an earlier matmul's taint, see above) stays never-written when more
+    is added to it; like any garbage it is an error only if it reaches HBM."""
+    try:
+        checks.check_read(run, view, api, accumulate=True)
+        return None
+    except ValueError as e:
+        if getattr(e, "nki_code", "") != _UNINIT:
+            raise
+        origin = getattr(t.root, "taint", None) or e
+    bad = checks.shadow_view(view) == 0
+    if view is not t:                   # a masked view: the shape of t, bad where it reads
+        bad = np.broadcast_to(bad, t.shape)
+    return np.ascontiguousarray(bad), origin
+
+
+def taint_elements(run, t: Tensor, garbage) -> None:
+    """Mark the ``garbage`` of ``accumulator_garbage`` never-written in ``t`` again (the
+    write just stamped them)."""
+    bad, origin = garbage
+    prev, run.taint = run.taint, (ElementTaint(bad), origin)
+    try:
+        _apply_taint(run, t, "", None)
+    finally:
+        run.taint = prev
 
 
 def _check_oob(t: Tensor, mask) -> None:

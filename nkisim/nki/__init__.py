@@ -47,6 +47,7 @@ def rules() -> _context.Rules:
         dialect="nki", version=_version.current(),
         onchip_keep_partition=True, broadcast=False, outputs_shared_hbm=True,
         unrolled_loops=True, reduce_last_axes=True, allocated_kernel_rules=False,
+        activation_bias_any_float=True,
         tensor_handle_truthy=True,
         # nl.copy: 0.3-0.5 ScalarE activation(copy), result in the source's buffer; 0.6.0 VectorE
         # tensor_copy, "result always in SBUF" (STUB-R29 vs STUB-R32, RN 2.32; spec §2.3)

@@ -34,10 +34,12 @@ from ..errors import nki_error, shape_str
 from ..tensor import (
     Tensor,
     _masked_shadow_view,
+    accumulator_garbage,
     assign,
     fit,
     inherit_taint,
     region,
+    taint_elements,
     values,
     write,
 )
@@ -238,6 +240,10 @@ class NkiInstruction:
 # `none` in the documented order {unknown, swdge, hwdge, none} (spec nki-current §2.4). Other
 # enums have no such evidence and keep the documented rejection.
 _INT_TOLERATED = {"dge_mode": ("unknown", "swdge", "hwdge", "none")}
+# Likewise a perf_mode string naming a member: AWS's nki-library (d2ad3a5, core/qkv/qkv_cte.py,
+# static-quantization fp8 path, simulated by AWS's attention_block_tkg model tests) passes
+# nc_matmul(perf_mode="double_row").
+_STR_TOLERATED = {"matmul_perf_mode"}
 
 
 def _enum(cls, value, api, param):
@@ -251,6 +257,14 @@ def _enum(cls, value, api, param):
             ("int_enum", cls.__name__), f"{api}() {param}={int(value)} is an integer, read as "
             f"nki.isa.{cls.__name__}.{member.name}",
             "Integer enum values (for example dge_mode=2) ... are rejected",
+            "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.32.0/nki/migration/index.html")
+        return member
+    if cls.__name__ in _STR_TOLERATED and isinstance(value, str) and value in cls.__members__:
+        member = cls[value]
+        context.current().rule(
+            ("str_enum", cls.__name__), f"{api}() {param}={value!r} is a string, read as "
+            f"nki.isa.{cls.__name__}.{member.name}",
+            "Integer enum values (for example dge_mode=2) and strings ... are rejected",
             "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.32.0/nki/migration/index.html")
         return member
     raise TypeError(f"{api}() {param} must be a nki.isa.{cls.__name__} member, got "
@@ -923,15 +937,19 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         # the accumulation reads the partial sums a matmul wrote (where no matmul did, True
         # adds garbage and was warned about): exempt from the race checks, as for
         # `psum += nisa.nc_matmul(...)` (an associative reduction)
+        garbage = None
         if dst._w is not None and init_any:
-            checks.check_read(run, dst if init_all else _masked_shadow_view(dst, init, run),
-                              "nc_matmul (accumulate)", accumulate=True)
+            garbage = accumulator_garbage(
+                run, dst, dst if init_all else _masked_shadow_view(dst, init, run),
+                "nc_matmul (accumulate)")
         if add_all and dst._idx is None and values(dst).dtype == np.float32:
             write(dst, None, api, accumulate=True, run=run, add=inc)    # in place, one pass
         else:
             cur = np.asarray(values(dst), np.float32)
             vals = cur + inc if add_all else np.where(init, cur + inc, inc)
             write(dst, vals, api, accumulate=True, run=run)
+        if garbage is not None:
+            taint_elements(run, dst, garbage)
     else:
         write(dst, inc, api, run=run)
     inherit_taint(dst, res)

@@ -873,6 +873,45 @@ def test_sbuf_limit_depends_on_the_target(target, fits):
         run(body, target=target, checks="-capacity")
 
 
+def _tiles_live_at_once(parts):
+    """64 KiB-per-partition fp32 tiles live at once, one on each of ``parts`` partitions (four
+    like AWS's rope kernel at its largest filtered size)."""
+    def body():
+        out = nl.ndarray((1, len(parts)), dtype=nl.float32, buffer=nl.shared_hbm)
+        tiles = []
+        for p in parts:
+            t = nl.ndarray((p, 16384), dtype=nl.float32, buffer=nl.sbuf)         # 64 KiB
+            t[...] = 1.0
+            tiles.append(t)
+        for i, t in enumerate(tiles):        # all four are read after the last one is written
+            nisa.dma_copy(src=t[0:1, 0:1], dst=out[0:1, i:i + 1])
+        return out
+    return body
+
+
+def test_sbuf_capacity_is_per_partition():
+    """(64, F) tiles occupy 64 partitions: three of them and a 128-partition tile fit in
+    trn2's 224 KiB per partition (counting all four on every partition needs 256 KiB). Any
+    placement needs at least 64 KiB (the full tile) + 3 x 64 KiB x 64 / 128 = 160 KiB on its
+    fullest partition (two side by side and one more reach 192 KiB: still fits)."""
+    out, r = run(_tiles_live_at_once((128, 64, 64, 64)), target="trn2")
+    assert np.all(out == 1.0)
+    # the bound: (128 + 3 * 64) * 64 KiB / 128 partitions
+    assert r.memory.summary()["peak_sbuf_bytes_per_partition"] == 160 * 1024
+
+
+def test_sbuf_capacity_tiles_on_more_than_half_the_partitions_share_one():
+    """Four tiles of 65 partitions pairwise overlap, so one partition holds all 256 KiB."""
+    msg = raises("nkisim_sbuf_overflow", _tiles_live_at_once((128, 65, 65, 65)), target="trn2")
+    assert "need 262144 bytes per partition" in msg and "[65, 16384]" in msg
+
+
+def test_sbuf_capacity_small_tiles_overflow_when_their_total_does_not_fit():
+    """Sixteen (32, F) tiles of 64 KiB spread over 128 partitions need 256 KiB on average."""
+    msg = raises("nkisim_sbuf_overflow", _tiles_live_at_once((32,) * 16), target="trn2")
+    assert "[32, 16384]" in msg
+
+
 def test_psum_overflow_at_nine_banks():
     def body():
         tiles = []

@@ -39,6 +39,35 @@ def test_dma_copy_accepts_the_integer_dge_mode_aws_library_passes():
             nki.simulate(copy)(x)
 
 
+def test_nc_matmul_accepts_the_perf_mode_string_aws_library_passes():
+    """AWS's nki-library (d2ad3a5, core/qkv/qkv_cte.py, static-quantization path) passes
+    nc_matmul(perf_mode="double_row"): a tolerated rule, read as matmul_perf_mode.double_row."""
+    @nki.jit
+    def mm(w, x):
+        out = nl.ndarray((32, 16), dtype=nl.float32, buffer=nl.shared_hbm)
+        ws = nl.ndarray(w.shape, dtype=w.dtype, buffer=nl.sbuf)
+        xs = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=ws, src=w)
+        nisa.dma_copy(dst=xs, src=x)
+        p = nl.ndarray((32, 16), dtype=nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(dst=p, stationary=ws, moving=xs, perf_mode="double_row")
+        s = nl.ndarray((32, 16), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=s, src=p)
+        nisa.dma_copy(dst=out, src=s)
+        return out
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 2, 32), np.float32)         # [K, 2, M] and [K, 2, N]: both
+    x = rng.standard_normal((8, 2, 16), np.float32)         # rows of a pair are contracted
+    with pytest.warns(NKIRuleWarning, match="perf_mode='double_row' is a string"):
+        np.testing.assert_allclose(nki.simulate(mm)(w, x), np.einsum("kjm,kjn->mn", w, x),
+                                   rtol=1e-4, atol=1e-4)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NKISIM_STRICT", "1")
+        with pytest.raises(ValueError, match="strings"):
+            nki.simulate(mm)(w, x)
+
+
 def test_other_integer_enums_stay_rejected():
     @nki.jit
     def copy(x):

@@ -517,6 +517,25 @@ def test_activation_scale_bias_and_reduce():
     assert ins.engine == "scalar" and len(ins.writes) == 2     # dst and reduce_res
 
 
+def test_activation_takes_an_fp8_bias_tile():
+    # nki 0.3+ documents no bias dtype rule (Beta 1's err_activation_bias_invalid_type allowed
+    # fp32/fp16/bf16 only; tests/nkisim/test_errors.py): AWS's nki-library qkv_cte passes a
+    # float8_e4m3 bias under static quantization
+    FP8 = np.dtype(ml_dtypes.float8_e4m3)
+    a = rand((32, 24), -2, 2)
+    bias = rand((32, 1), -1, 1).astype(FP8)
+
+    @nki.jit
+    def k(x, b):
+        c = sb(x.shape)
+        nisa.activation(c, ops.exp, load(x), bias=load(b))
+        return out_of(c)
+
+    np.testing.assert_allclose(k(a, bias), np.exp(a + bias.astype(np.float32)), rtol=1e-5)
+    with pytest.raises(TypeError, match="must be a vector of type float32"):
+        k(a, (bias.astype(np.float32) * 4).astype(np.int32))
+
+
 def test_activation_reduce_sums_along_the_free_dims():
     a = rand((16, 3, 8), -1, 1)
 
@@ -991,6 +1010,32 @@ def test_matmul_none_tracks_overlapping_regions_per_element():
     expect = MM.copy()
     expect[:, 6:10] *= 2
     np.testing.assert_allclose(out, expect, rtol=1e-5)
+
+
+def _garbage_rows_kernel(store_rows):
+    """Rows 16:32 of PSUM ``p`` are a matmul of a never-written stationary; then the whole of
+    ``p`` accumulates another matmul (accumulate=None); rows ``store_rows`` go to HBM."""
+    @nki.jit
+    def k(w, x):
+        ws, xs = load(w), load(x)
+        junk = sb((8, 16))                                  # never written
+        p = ps((32, 16))
+        nisa.nc_matmul(p[0:16, :], ws[:, 0:16], xs)
+        nisa.nc_matmul(p[16:32, :], junk, xs)
+        nisa.nc_matmul(p, ws, xs)                           # adds everywhere
+        return out_of(p[store_rows, :])
+    return k
+
+
+def test_matmul_accumulating_into_garbage_stays_garbage_not_an_error():
+    # qkv_cte/moe_cte (nki-library): the accumulate read of a partial sum computed from
+    # never-written inputs is not itself an error (it is garbage, like the sum it was): only
+    # garbage that reaches HBM is (nkisim.tensor, "never-written values"; an output partly
+    # garbage is a warning naming the first read of never-written memory)
+    out = _garbage_rows_kernel(slice(0, 16))(W, X)
+    np.testing.assert_allclose(out, 2 * MM[0:16], rtol=1e-5)
+    with pytest.warns(NKIWarning, match=r"partly written.*\[16:32, 0:16\].*uninitialized"):
+        _garbage_rows_kernel(slice(0, 32))(W, X)
 
 
 def test_matmul_group_survives_reads_of_the_psum_tile():

@@ -86,6 +86,28 @@ def test_non_contiguous_input_is_written_back():
     np.testing.assert_array_equal(a, expect)
 
 
+@pytest.mark.parametrize("contiguous", [True, False])
+def test_read_only_input_is_read_and_not_written_back(contiguous):
+    # nki-library's output_proj_tkg fp8 sweep passes a read-only array the kernel only reads
+    @nki.jit
+    def double(a):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.multiply(nl.load(a), 2.0))
+        return out
+    base = rand((128, 16)) if contiguous else rand((16, 128)).T
+    a = base.view()
+    a.flags.writeable = False
+    np.testing.assert_array_equal(nki.simulate(double)(a), 2 * base)
+
+    @nki.jit
+    def negate(a):
+        nl.store(a, nl.negative(nl.load(a)))
+        return a
+    with pytest.raises(NotImplementedError, match="`a`.*read-only; pass a writable copy"):
+        nki.simulate(negate)(a)
+    np.testing.assert_array_equal(a, base)
+
+
 # ---------------------------------------------------------------------------------------------
 # kernel[lnc]
 
