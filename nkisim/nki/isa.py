@@ -249,26 +249,22 @@ _STR_TOLERATED = {"matmul_perf_mode"}
 def _enum(cls, value, api, param):
     if isinstance(value, cls):
         return value
+    member = kind = None
     order = _INT_TOLERATED.get(cls.__name__)
     if order and isinstance(value, (int, np.integer)) and not isinstance(value, bool) \
             and 0 <= int(value) < len(order):
-        member = cls[order[int(value)]]
-        context.current().rule(
-            ("int_enum", cls.__name__), f"{api}() {param}={int(value)} is an integer, read as "
-            f"nki.isa.{cls.__name__}.{member.name}",
-            "Integer enum values (for example dge_mode=2) ... are rejected",
-            "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.32.0/nki/migration/index.html")
-        return member
-    if cls.__name__ in _STR_TOLERATED and isinstance(value, str) and value in cls.__members__:
-        member = cls[value]
-        context.current().rule(
-            ("str_enum", cls.__name__), f"{api}() {param}={value!r} is a string, read as "
-            f"nki.isa.{cls.__name__}.{member.name}",
-            "Integer enum values (for example dge_mode=2) and strings ... are rejected",
-            "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.32.0/nki/migration/index.html")
-        return member
-    raise TypeError(f"{api}() {param} must be a nki.isa.{cls.__name__} member, got "
-                    f"{value!r} (integer enum values and strings are rejected from NKI 0.3.0)")
+        member, kind, value = cls[order[int(value)]], "an integer", int(value)
+    elif cls.__name__ in _STR_TOLERATED and isinstance(value, str) and value in cls.__members__:
+        member, kind = cls[value], "a string"
+    if member is None:
+        raise TypeError(f"{api}() {param} must be a nki.isa.{cls.__name__} member, got "
+                        f"{value!r} (integer enum values and strings are rejected from NKI 0.3.0)")
+    context.current().rule(
+        (f"{kind}_enum", cls.__name__), f"{api}() {param}={value!r} is {kind}, read as "
+        f"nki.isa.{cls.__name__}.{member.name}",
+        "Integer enum values (for example dge_mode=2) and strings ... are rejected",
+        "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.32.0/nki/migration/index.html")
+    return member
 
 
 def _core_engine(value, api, allowed=("vector", "scalar", "gpsimd")):
