@@ -503,7 +503,7 @@ HEAD_NOT_RUNNABLE = {
 }
 
 HEAD_DRIVER = '''\
-"""Run one nki-samples HEAD kernel on nkisim against NumPy (written by benchmarks/conformance.py)."""
+"""Run one nki-samples HEAD kernel on nkisim against NumPy (written by conformance.py)."""
 import importlib
 import sys
 

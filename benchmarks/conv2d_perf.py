@@ -11,8 +11,8 @@ neuron-profile defines it: fp32 matmuls count at the bf16 peak, so fp32 tops out
 on trn2 where an fp32 matmul takes 4596 / 1002 x the bf16 time, see nkisim.cost), the MFU as
 the CS149-era profiler GUI showed it (GUI: fp32 matmuls counted twice,
 ``Schedule.mfu_profile_gui``), the busiest engine, how long the simulation itself took, and the
-reason for the gap to the PE array's peak (``gap_reason``). The course harness benchmarks without ``--profile``, i.e. on
-trn2's hardware DGE path, as here.
+reason for the gap to the PE array's peak (``gap_reason``). The course harness benchmarks
+without ``--profile``, i.e. on trn2's hardware DGE path, as here.
 
 Single-threaded BLAS: nkisim issues thousands of small (128x128 by 128x512) GEMMs; a multithreaded
 OpenBLAS on a small or busy machine spends far more time synchronizing its threads than computing
@@ -129,8 +129,8 @@ def main(argv=None):
     ap.add_argument("--summary", action="store_true", help="print the schedule summary per row")
     ap.add_argument("--only", default="", help="run only rows whose label contains this")
     args = ap.parse_args(argv)
-    hdr = (f"{'config':<28} {'estimate us':>11} {'target us':>9} {'ratio':>6} {'MFU':>6} {'GUI':>6} "
-           f"{'bottleneck':>10} {'busy T/V/S/DMA %':>18} {'sim s':>6} {'rel err':>8}  "
+    hdr = (f"{'config':<28} {'estimate us':>11} {'target us':>9} {'ratio':>6} {'MFU':>6} "
+           f"{'GUI':>6} {'bottleneck':>10} {'busy T/V/S/DMA %':>18} {'sim s':>6} {'rel err':>8}  "
            f"gap to peak")
     print(hdr)
     print("-" * len(hdr))

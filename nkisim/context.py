@@ -192,10 +192,10 @@ class Run:
         self.epoch = e
 
     def record(self, op, engine, reads, writes, dtype, partitions, free, detail=None,
-               where=None) -> Instr:
-        """Append an instruction to the trace. ``where``: its (file, line) when the caller
+               site=None) -> Instr:
+        """Append an instruction to the trace. ``site``: its (file, line) when the caller
         already knows the kernel's line (the result tile's allocation site)."""
-        file, line = caller_location() if where is None else where
+        file, line = caller_location() if site is None else site
         stack = self.loops
         if not stack:
             loops = ()

@@ -18,7 +18,8 @@ launch is deadlocked: ``nkisim_lnc_deadlock`` names what each instance waits for
 
 Per instance the Run keeps its own program id, loop stack, epoch, SBUF/PSUM accounting (each
 logical core has its own SBUF and PSUM: a suspended instance's tiles do not count against the
-running one's), the bytes of its address-placed tiles and accumulators; they are swapped at every switch. For nkisim.checks a
+running one's), the bytes of its address-placed tiles and accumulators; they are swapped at
+every switch. For nkisim.checks a
 synchronisation of all instances starts a new *phase* of the SPMD pseudo-loop: what an instance
 wrote before it is ordered before what any instance does after it (core_barrier's purpose:
 "both cores can safely read the complete tensor", nki.isa.core_barrier docs).

@@ -146,6 +146,6 @@ def register_store(dst, src) -> None:
     t = _scalar(dst, api, "dst")
     r = _register(src, api, "src")
     run = context.current()
-    write(t, np.full(t.shape, r._now("register_store", python=False)).astype(dtypes.storage(t.dtype)), api,
-          run=run)
+    value = r._now("register_store", python=False)
+    write(t, np.full(t.shape, value).astype(dtypes.storage(t.dtype)), api, run=run)
     _record(run, api, (), (region(t),), t)

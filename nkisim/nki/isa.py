@@ -23,13 +23,13 @@ import operator
 
 import numpy as np
 
-from .. import checks, context, dtypes, psum_init
 from .. import collectives as _collectives
+from .. import context, dtypes, psum_init
 from .. import dma_compute as _dma_compute
-from .. import gather as _gather
-from .. import registers as _registers
 from .. import engines as _core
+from .. import gather as _gather
 from .. import ops as _ops
+from .. import registers as _registers
 from ..errors import nki_error, shape_str
 from ..tensor import (
     Tensor,
@@ -713,8 +713,9 @@ def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1,
 def memset(dst, value, engine=engine.unknown, name=None):
     """Fill ``dst`` with ``value`` (Vector or GpSimd). From 0.3.0 "the value's type must match
     dst.dtype" (MIG 0.2->0.3: ``2`` not ``2.0`` for int32). nkisim rejects a non-integral float
-    value for an integer dtype and tolerates an integral one with a rule warning; an int value for a float dtype is accepted (AWS's nki-library, CI-tested,
-    memsets float tiles with ``value=0``)."""
+    value for an integer dtype and tolerates an integral one with a rule warning; an int value
+    for a float dtype is accepted (AWS's nki-library, CI-tested, memsets float tiles with
+    ``value=0``)."""
     api = "memset"
     eng = _core_engine(engine, api, ("vector", "gpsimd"))
     _onchip(dst, api, "dst")

@@ -141,7 +141,8 @@ class NKIObject:
     nki-library attention_cte.py builds its SectionParams that way; plain ``dataclasses`` would
     raise "unexpected keyword argument"). They are added after the annotated fields. Every field
     may be left out and is then None (nki-library leaves out a field it declares without a
-    default, see __init_subclass__), so the field order stays valid. A mutable default (unhashable: a list, dict, set,
+    default, see __init_subclass__), so the field order stays valid. A mutable default
+    (unhashable: a list, dict, set,
     dataclass instance) is left a plain class attribute: dataclasses rejects it as a default, and
     the class may not be a dataclass at all."""
 
