@@ -462,7 +462,8 @@ def check_write(run, t, api: str, accumulate: bool, same_values=None, view=None,
 # nkisim runs the instances one after the other, each to its synchronisation point: when an
 # instance overwrites bytes another one wrote in this phase, the old values are that
 # instance's last ones. The write is recorded with a copy of them (``run.spmd_pending``); when
-# the phase ends (all instances meet, or the launch ends) the bytes must hold those values again
+# the phase ends (all instances meet, or the writing instance ends) the bytes must hold those
+# values again
 # (else err_unexpected_output_dependencies, at the first such write), and a read of the tensor
 # in between is the error at once. A tensor read in this phase before the overlapping write is
 # the error at that write (``Allocation.rd``: an instance read what another instance may

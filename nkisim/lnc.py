@@ -114,6 +114,10 @@ class Instances:
         try:
             self._begin(i, fresh)
             self.results[i] = self.body(i)
+            # its values are final: its overlapping writes are decided now, so that a grid of
+            # many instances holds one instance's records at a time (checks.settle_spmd_writes)
+            from .checks import settle_spmd_writes
+            settle_spmd_writes(self.run)
         except _Aborted:
             return False
         except BaseException as e:

@@ -17,10 +17,13 @@ import warnings
 import numpy as np
 import pytest
 
+from nkisim import beta1 as b1
 from nkisim import nki
+from nkisim.beta1 import language as b1l
 from nkisim.errors import NKIWarning
 from nkisim.nki import isa as nisa
 from nkisim.nki import language as nl
+from nkisim.runtime import simulate
 
 RNG = np.random.default_rng(2026)
 T, E = 16, 8
@@ -135,3 +138,39 @@ def test_the_overwriting_core_reading_before_a_barrier_is_an_error():
         nki.simulate(core1_reads_after_overwriting[2])(a)
     assert info.value.nki_code == "err_unexpected_output_dependencies", str(info.value)
     assert "what this read sees is not determined" in str(info.value)
+
+
+
+def _grid_zero_fill_then_write(differs):
+    """Beta 1 SPMD grid: every instance zero-fills `out`, then writes rows 0:64 of it
+    (instance 3 other values if ``differs``)."""
+    @b1.jit
+    def kernel(a):
+        out = b1l.ndarray((128, 8), dtype=b1l.float32, buffer=b1l.shared_hbm)
+        b1l.store(out, b1l.zeros((128, 8), dtype=b1l.float32))
+        t = b1l.load(a)
+        if differs:
+            t = b1l.add(t, 1.0 * (b1l.program_id(0) == 3))
+        b1l.store(out[0:64, :], t)
+        return out
+    return kernel
+
+
+@pytest.mark.parametrize("differs", [False, True])
+def test_a_grid_of_four_instances_is_decided_instance_by_instance(differs):
+    """Each instance's overlapping writes are decided when it ends (a grid of many instances
+    keeps one instance's records at a time); one ending with other values is the error."""
+    a = RNG.uniform(1, 2, size=(64, 8)).astype(np.float32)
+    kernel = _grid_zero_fill_then_write(differs)[4]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NKIWarning)
+        if differs:
+            with pytest.raises(Exception) as info:
+                simulate(kernel, (a,), {}, checks_spec="all")
+            assert info.value.nki_code == "err_unexpected_output_dependencies"
+            assert "program id (3,)" in str(info.value) and "end with other values" in \
+                str(info.value)
+        else:
+            out = simulate(kernel, (a,), {}, checks_spec="all")
+            np.testing.assert_array_equal(out[:64], a)
+            np.testing.assert_array_equal(out[64:], 0)
