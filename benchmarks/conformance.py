@@ -885,7 +885,8 @@ def nki_library_tests(root: str, args) -> dict:
     large shapes) and runs them."""
     path = [os.path.join(root, "src"), root]
     files = [f for f in nki_library_files(root)
-             if not args.only or any(o in f for o in args.only)]
+             if (not args.only or any(o in f for o in args.only))
+             and not any(x in f for x in args.exclude or ())]
     return _per_file("nki-library", root, files, NKI_LIBRARY_ARGS, path, args,
                      NKI_CPU_SIMULATOR)
 
@@ -1005,6 +1006,9 @@ def main(argv=None) -> int:
     p.add_argument("--only", action="append", metavar="SUBSTR",
                    help="nki-library: run only the test files whose path contains SUBSTR "
                         "(repeatable); the figure is then that subset's")
+    p.add_argument("--exclude", action="append", metavar="SUBSTR",
+                   help="nki-library: leave out the test files whose path contains SUBSTR "
+                        "(repeatable)")
     p.add_argument("--test-timeout", type=float, default=None, metavar="S",
                    help="fail a single test that runs longer than S seconds (SIGALRM), so a "
                         "slow test costs only itself, not its file's whole process")
