@@ -44,6 +44,7 @@ from .tensor import (  # noqa: F401 - re-exported buffers
     Tensor,
     _free,
     _partitions,
+    _allocate_tile,
     allocate,
     fit,
     hbm,
@@ -176,10 +177,21 @@ def result_tile(run, shape, dtype, vals, op, engine, reads, detail, buffer=sbuf,
 
     ``fresh``: ``vals`` was just computed by the op and nothing else references it, so it may
     become the tile's storage without a copy (``tensor.allocate(storage=)``)."""
-    t = allocate(shape, dtype, buffer=buffer, name=name or "", api=op, poison=mask is not None,
-                 storage=vals if fresh and mask is None else None)
-    write(t, vals, op, run=run, mask=mask)
+    storage = vals if fresh and mask is None else None
+    try:        # a tile spec this run validated before (tensor.allocate's first step, inline)
+        spec = run.alloc_specs.get((shape, dtype, id(buffer), False))
+    except TypeError:
+        spec = None
+    if spec is not None:
+        t = _allocate_tile(run, spec, name or "", None, op, mask is not None, storage, False)
+    else:
+        t = allocate(shape, dtype, buffer=buffer, name=name or "", api=op,
+                     poison=mask is not None, storage=storage)
     root = t.root
+    if storage is not None and root.adopted and run.taint is None:
+        root.adopted = False   # (write's adopted-storage case, inline: nothing left to do)
+    else:
+        write(t, vals, op, run=run, mask=mask)
     shape = t.shape
     if len(reads) == 2:
         regs = (region(reads[0]), region(reads[1]))

@@ -103,45 +103,45 @@ def buffer_of(buffer) -> Buffer:
 
 
 class Allocation:
-    """The storage behind a tensor and all its views."""
+    """The storage behind a tensor and all its views.
 
-    __slots__ = ("id", "buffer", "name", "key", "row_bytes", "p_base", "shadow", "param",
-                 "mutable", "live", "pbytes", "banks", "loop", "file", "line", "direct",
-                 "dtype", "shape", "epoch", "hi", "gen", "full", "uniform", "taint",
-                 "adopted", "store", "buf", "base_off", "unpoisoned", "nparts", "__weakref__")
+    The defaults are class attributes: an allocation sets only what differs (every
+    instruction's result tile is an Allocation, and thirty slot stores per tile were a tenth of
+    an instruction's interpreter cost; issue 12). Instances are weak-referenceable."""
+
+    buffer = "sbuf"               # "hbm" | "sbuf" | "psum"
+    id = 0
+    key = None
+    row_bytes = 0
+    p_base = 0
+    base_off = 0                  # direct allocation: byte offset of its first element
+    shadow = None
+    param = False
+    mutable = False
+    live = False
+    pbytes = 0
+    nparts = 128                  # SBUF/PSUM: partitions the tile spans (nkisim.memory)
+    banks = 0
+    loop = None
+    file = ""
+    line = 0
+    direct = False
+    epoch = 0                     # epoch it was created in (nkisim.checks)
+    hi = 0                        # upper bound of the epochs in its shadow (nkisim.checks)
+    gen = 0                       # number of writes (nkisim.checks)
+    full = -1                     # True once fully written, else `gen` of the last check
+    uniform = None                # the epoch of every shadow element, when known
+    taint = None                  # the uninitialized read its never-written values came from
+    adopted = False               # storage adopted from an instruction, not yet "written"
+    store = None                  # a lazy shadow's tile storage (see checks.LAZY)
+    buf = None                    # the Buffer it was created in (None: by kind)
+    unpoisoned = None             # storage not yet filled with the poison (``poisoned``)
 
     def __init__(self, buffer, name, dtype, shape):
-        self.buffer = buffer          # "hbm" | "sbuf" | "psum"
+        self.buffer = buffer
         self.name = name
         self.dtype = dtype
         self.shape = shape
-        self.id = 0
-        self.key = None
-        self.row_bytes = 0
-        self.p_base = 0
-        self.base_off = 0             # direct allocation: byte offset of its first element
-        self.shadow = None
-        self.param = False
-        self.mutable = False
-        self.live = False
-        self.pbytes = 0
-        self.nparts = 128             # SBUF/PSUM: partitions the tile spans (nkisim.memory)
-        self.banks = 0
-        self.loop = None
-        self.file = ""
-        self.line = 0
-        self.direct = False
-        self.epoch = 0                # epoch it was created in (nkisim.checks)
-        self.hi = 0                   # upper bound of the epochs in its shadow (nkisim.checks)
-        self.gen = 0                  # number of writes (nkisim.checks)
-        self.full = -1                # True once fully written, else `gen` of the last check
-        self.uniform = None           # the epoch of every shadow element, when known
-        self.taint = None             # the uninitialized read its never-written values came from
-        self.adopted = False          # storage adopted from an instruction, not yet "written"
-        self.store = None             # a lazy shadow's tile storage (see checks.LAZY)
-        self.buf = None               # the Buffer it was created in (None: by kind)
-        # storage not yet filled with the poison (allocated lazily, see ``poisoned``)
-        self.unpoisoned = None
 
 
 _ids = iter(range(1, 1 << 62))
@@ -400,10 +400,24 @@ def _allocate_tile(run, spec, name, fill, api, poison, storage, nl_api, where=No
     a.file, a.line = file, line
     a.epoch = a.hi = epoch = run.epoch
     a.buf = spec.buf
-    a.key = _site_key(run, kind, file, line, result=not nl_api)
+    # _site_key, inline (one call less per instruction; keep the two in step)
+    memory = run.memory
+    counts = memory.site_counts
+    site = (kind, file, line, epoch)
+    n = counts.get(site, 0)
+    counts[site] = n + 1
+    mb = run.multi_buffer
+    loops = run.loops
+    if mb > 1 and loops and loops[-1].kind == "affine":
+        a.key = (kind, file, line, n, loops[-1].iteration % mb) if not nl_api else \
+            (kind, file, line, n, loops[-1].iteration % mb, "decl")
+    else:
+        a.key = (kind, file, line, n)
     a.row_bytes = a.pbytes = spec.pbytes
-    a.nparts = phys_shape[0]
-    a.banks = spec.banks
+    if phys_shape[0] != 128:
+        a.nparts = phys_shape[0]
+    if spec.banks:
+        a.banks = spec.banks
     if adopted:
         # the instruction's values are the storage: its write (the next call, ``write(t,
         # storage)``) only has to stamp the shadow, done here with the summaries a whole-tile
@@ -422,9 +436,9 @@ def _allocate_tile(run, spec, name, fill, api, poison, storage, nl_api, where=No
             a.uniform = 0                                 # never written
     t = Tensor(arr, shadow, a, dt, spec.shape, 0, None)
     # its region (``_region`` of a whole tile): partitions [0, P), bytes [0, pbytes)
-    t._region = Region(kind, a.key, name, 0, spec.phys_shape[0], 0, spec.pbytes)
+    t._region = Region(kind, a.key, name, 0, phys_shape[0], 0, spec.pbytes)
     # an instruction's result tile is provisional: `dst[...] = op(...)` retargets it (memory.py)
-    run.memory.allocate(a, t, provisional=not nl_api)
+    memory.allocate(a, t)
     return t
 
 
@@ -876,6 +890,10 @@ class Tensor:
     # --- indexing ---
     def __getitem__(self, key):
         if self._slots is None and self._idx is None:
+            if type(key) is tuple:
+                v = _fast_view(self, key)
+                if v is not None:
+                    return v
             k = _fast_key(key, self.shape)
             if k is not None:                  # ints and in-bound unit-step slices
                 return self._basic_view(k)
@@ -1045,6 +1063,66 @@ class Tensor:
     @property
     def size(self):
         return math.prod(self.shape)
+
+
+def _fast_view(t: Tensor, key):
+    """``t[key]`` for the commonest index, in one pass (issue 12): a tuple of Python ints (loop
+    indices) and unit-step slices with int bounds, all within the shape, on an HBM tensor or on
+    a tile whose first index is a slice and which keeps two dimensions (the rules
+    ``_basic_view`` applies then change nothing). None for anything else (``_fast_key`` and
+    ``_basic_view`` then do it)."""
+    if type(key) is not tuple:
+        return None
+    shape = t.shape
+    if len(key) > len(shape):
+        return None
+    src = t._arr
+    off = t._off
+    out = []
+    nslices = 0
+    for k, size, st in zip(key, shape, src.strides):
+        if type(k) is slice:
+            start, stop, step = k.start, k.stop, k.step
+            if step is not None and (type(step) is not int or step != 1):
+                return None
+            if start is None:
+                start = 0
+            elif isinstance(start, int) and type(start) is not bool:
+                start = int(start)          # (an int subclass: a loop index)
+            else:
+                return None
+            if stop is None:
+                stop = size
+            elif isinstance(stop, int) and type(stop) is not bool:
+                stop = int(stop)
+            else:
+                return None
+            if start < 0 or stop > size or start > stop:
+                return None
+            out.append(slice(start, stop, 1))
+            off += start * st
+            nslices += 1
+        elif isinstance(k, int) and type(k) is not bool:
+            k = int(k)
+            if k < 0 or k >= size:
+                return None
+            out.append(k)
+            off += k * st
+        else:
+            return None
+    paxis = t.paxis
+    if paxis == 0:
+        if t.root.buffer == "hbm" or not out or type(out[0]) is not slice or \
+                nslices + len(shape) - len(key) < 2:
+            return None
+    elif paxis is not None:
+        return None
+    out.append(Ellipsis)
+    ke = tuple(out)
+    arr = src[ke]
+    ws = t._ws
+    return Tensor(arr, ws if ws is None or ws is checks.LAZY else ws[ke], t.root, t.dtype,
+                  arr.shape, paxis, None, off)
 
 
 def _fast_key(key, shape):
