@@ -679,8 +679,16 @@ _UNARY_ALU_FN = {
 }
 
 
+# the binary ALU ops that are a plain NumPy ufunc of the fp32 inputs (not bit-vector ops)
+_PLAIN_BINARY_FN = {k: v for k, v in _BINARY_FN.items() if not _bitvec_op(k) and
+                    k not in _UNARY_ALU_FN}
+
+
 def apply_binary(name, a, b):
     """fp32 (or raw-bit integer) element-wise op on engine inputs."""
+    fn = _PLAIN_BINARY_FN.get(name)
+    if fn is not None:
+        return fn(a, b)           # (the commonest case first: one lookup)
     if name in _UNARY_ALU_FN:
         return _UNARY_ALU_FN[name](np.asarray(a, np.float32))
     fn = _BINARY_FN[name]
