@@ -42,9 +42,9 @@ from .indirect import (  # noqa: F401 - indirect_getitem: Tensor.__getitem__ (re
 )
 from .tensor import (  # noqa: F401 - re-exported buffers
     Tensor,
+    _allocate_tile,
     _free,
     _partitions,
-    _allocate_tile,
     allocate,
     fit,
     hbm,
