@@ -103,45 +103,45 @@ def buffer_of(buffer) -> Buffer:
 
 
 class Allocation:
-    """The storage behind a tensor and all its views.
+    """The storage behind a tensor and all its views."""
 
-    The defaults are class attributes: an allocation sets only what differs (every
-    instruction's result tile is an Allocation, and thirty slot stores per tile were a tenth of
-    an instruction's interpreter cost; issue 12). Instances are weak-referenceable."""
-
-    buffer = "sbuf"               # "hbm" | "sbuf" | "psum"
-    id = 0
-    key = None
-    row_bytes = 0
-    p_base = 0
-    base_off = 0                  # direct allocation: byte offset of its first element
-    shadow = None
-    param = False
-    mutable = False
-    live = False
-    pbytes = 0
-    nparts = 128                  # SBUF/PSUM: partitions the tile spans (nkisim.memory)
-    banks = 0
-    loop = None
-    file = ""
-    line = 0
-    direct = False
-    epoch = 0                     # epoch it was created in (nkisim.checks)
-    hi = 0                        # upper bound of the epochs in its shadow (nkisim.checks)
-    gen = 0                       # number of writes (nkisim.checks)
-    full = -1                     # True once fully written, else `gen` of the last check
-    uniform = None                # the epoch of every shadow element, when known
-    taint = None                  # the uninitialized read its never-written values came from
-    adopted = False               # storage adopted from an instruction, not yet "written"
-    store = None                  # a lazy shadow's tile storage (see checks.LAZY)
-    buf = None                    # the Buffer it was created in (None: by kind)
-    unpoisoned = None             # storage not yet filled with the poison (``poisoned``)
+    __slots__ = ("id", "buffer", "name", "key", "row_bytes", "p_base", "shadow", "param",
+                 "mutable", "live", "pbytes", "banks", "loop", "file", "line", "direct",
+                 "dtype", "shape", "epoch", "hi", "gen", "full", "uniform", "taint",
+                 "adopted", "store", "buf", "base_off", "unpoisoned", "nparts", "__weakref__")
 
     def __init__(self, buffer, name, dtype, shape):
-        self.buffer = buffer
+        self.buffer = buffer          # "hbm" | "sbuf" | "psum"
         self.name = name
         self.dtype = dtype
         self.shape = shape
+        self.id = 0
+        self.key = None
+        self.row_bytes = 0
+        self.p_base = 0
+        self.base_off = 0             # direct allocation: byte offset of its first element
+        self.shadow = None
+        self.param = False
+        self.mutable = False
+        self.live = False
+        self.pbytes = 0
+        self.nparts = 128             # SBUF/PSUM: partitions the tile spans (nkisim.memory)
+        self.banks = 0
+        self.loop = None
+        self.file = ""
+        self.line = 0
+        self.direct = False
+        self.epoch = 0                # epoch it was created in (nkisim.checks)
+        self.hi = 0                   # upper bound of the epochs in its shadow (nkisim.checks)
+        self.gen = 0                  # number of writes (nkisim.checks)
+        self.full = -1                # True once fully written, else `gen` of the last check
+        self.uniform = None           # the epoch of every shadow element, when known
+        self.taint = None             # the uninitialized read its never-written values came from
+        self.adopted = False          # storage adopted from an instruction, not yet "written"
+        self.store = None             # a lazy shadow's tile storage (see checks.LAZY)
+        self.buf = None               # the Buffer it was created in (None: by kind)
+        # storage not yet filled with the poison (allocated lazily, see ``poisoned``)
+        self.unpoisoned = None
 
 
 _ids = iter(range(1, 1 << 62))
