@@ -296,10 +296,12 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unkn
     vb = read(b, api, run).reshape(_tile_shape(b))
     if not bitvec:
         va, vb = dtypes.to_f32(va), dtypes.to_f32(vb)
-    va, vb = nl.partition_vectors(va, vb)
     sa, sb = va.shape, vb.shape
-    if math.prod(sa) == math.prod(sb) and sa != sb:
-        vb = vb.reshape(sa)                       # same elements per partition, other shape
+    if sa != sb:
+        va, vb = nl.partition_vectors(va, vb)
+        sa, sb = va.shape, vb.shape
+        if math.prod(sa) == math.prod(sb) and sa != sb:
+            vb = vb.reshape(sa)                   # same elements per partition, other shape
     try:
         out = apply_binary(name, va, vb)
     except ValueError:
@@ -310,7 +312,8 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unkn
     detail = _detail(a, b)
     detail["alu"] = name
     return result_tile(run, out.shape, dtype or dtypes.promote(a.dtype, b.dtype), out, api,
-                       eng, (a, b), detail, mask=_mask(mask, out.shape), fresh=True)
+                       eng, (a, b), detail,
+                       mask=None if mask is None else _mask(mask, out.shape), fresh=True)
 
 
 def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False,

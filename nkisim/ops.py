@@ -42,6 +42,7 @@ from .indirect import (  # noqa: F401 - indirect_getitem: Tensor.__getitem__ (re
 )
 from .tensor import (  # noqa: F401 - re-exported buffers
     Tensor,
+    _allocate_tile,
     _free,
     _partitions,
     allocate,
@@ -176,10 +177,21 @@ def result_tile(run, shape, dtype, vals, op, engine, reads, detail, buffer=sbuf,
 
     ``fresh``: ``vals`` was just computed by the op and nothing else references it, so it may
     become the tile's storage without a copy (``tensor.allocate(storage=)``)."""
-    t = allocate(shape, dtype, buffer=buffer, name=name or "", api=op, poison=mask is not None,
-                 storage=vals if fresh and mask is None else None)
-    write(t, vals, op, run=run, mask=mask)
+    storage = vals if fresh and mask is None else None
+    try:        # a tile spec this run validated before (tensor.allocate's first step, inline)
+        spec = run.alloc_specs.get((shape, dtype, id(buffer), False))
+    except TypeError:
+        spec = None
+    if spec is not None:
+        t = _allocate_tile(run, spec, name or "", None, op, mask is not None, storage, False)
+    else:
+        t = allocate(shape, dtype, buffer=buffer, name=name or "", api=op,
+                     poison=mask is not None, storage=storage)
     root = t.root
+    if storage is not None and root.adopted and run.taint is None:
+        root.adopted = False   # (write's adopted-storage case, inline: nothing left to do)
+    else:
+        write(t, vals, op, run=run, mask=mask)
     shape = t.shape
     if len(reads) == 2:
         regs = (region(reads[0]), region(reads[1]))
@@ -667,8 +679,16 @@ _UNARY_ALU_FN = {
 }
 
 
+# the binary ALU ops that are a plain NumPy ufunc of the fp32 inputs (not bit-vector ops)
+_PLAIN_BINARY_FN = {k: v for k, v in _BINARY_FN.items() if not _bitvec_op(k) and
+                    k not in _UNARY_ALU_FN}
+
+
 def apply_binary(name, a, b):
     """fp32 (or raw-bit integer) element-wise op on engine inputs."""
+    fn = _PLAIN_BINARY_FN.get(name)
+    if fn is not None:
+        return fn(a, b)           # (the commonest case first: one lookup)
     if name in _UNARY_ALU_FN:
         return _UNARY_ALU_FN[name](np.asarray(a, np.float32))
     fn = _BINARY_FN[name]
