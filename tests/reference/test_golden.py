@@ -74,6 +74,7 @@ def test_winograd_3x3_float64_golden_matches_loops(shape, tile_rows, monkeypatch
     # (padded tiles), several tile-row batches (the last one partial)
     import reference.conv2d as conv
     monkeypatch.setattr(conv, "WINOGRAD_TILE_ROWS", tile_rows)
+    monkeypatch.setattr(conv, "WINOGRAD_MIN_OUTPUTS", 1)    # conv2d_maxpool takes it too
     B, C_in, C_out, H, W = shape
     X, Wt, bias = make_conv_inputs(np.random.default_rng(H * W), B, C_in, C_out, H, W, 3,
                                    signed=True)
