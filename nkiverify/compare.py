@@ -624,9 +624,10 @@ def compare(actual, expected, dtype, *, reduction_length=1, scale=None, baseline
     ``baseline_sample``: a function returning ``(values, index)``, the baseline on a part of the
     output (``expected[index]``, basic indexing). The baseline's max error over a part is at most
     its max error over the whole, so when the kernel's max error is within ``k`` x the part's,
-    it is within ``k`` x the whole's: the check passes exactly as it would with the whole
-    baseline, which is not computed (B=4 224x224 fp32 conv2d: a 4 s float32 conv becomes a
-    0.1 s one on a band of rows; issue 12). Otherwise ``baseline`` is computed and decides.
+    it is within ``k`` x the whole's: the check passes as it would with the whole baseline,
+    which is not computed (B=4 224x224 fp32 conv2d: a 4 s float32 conv becomes a 0.1 s one on
+    a band of rows; issue 12; the part must be the same computation as the whole, see
+    ``registry.BASELINE_SAMPLE``). Otherwise ``baseline`` is computed and decides.
     """
     dtype = np.dtype(dtype)
     tolerance = tolerance or tolerance_for(dtype, reduction_length)
