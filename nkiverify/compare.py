@@ -18,9 +18,11 @@ them to the kernel's dtype, so input rounding is not part of the error; in float
 outputs, in float32 at least for 16-bit and 8-bit outputs (``reference/``: a float32 sum's error
 is a small fraction of their half-ulp allowance).
 
-The statistics stream over the output in chunks (``CHUNK`` elements): memory stays bounded
-whatever the output size, nothing is sorted, and the baseline gets only its max abs error and
-mismatch count, which is all the baseline check and the report use.
+The statistics stream over the output in chunks (``CHUNK`` elements) through scratch arrays
+reused from chunk to chunk: memory stays bounded whatever the output size, nothing is sorted,
+and the baseline gets only its max abs error and mismatch count, which is all the baseline check
+and the report use. The baseline is computed only when it can change the verdict, first on a
+part of the output when the caller can make one (``baseline_sample``).
 """
 
 import math
