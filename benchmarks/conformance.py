@@ -191,10 +191,12 @@ builtins.open = _open_dmi
 # trylast: after the corpus's own conftest has applied its skips and pytest's -m deselection.
 SAMPLE_PLUGIN = '''\
 """pytest plugin written by benchmarks/conformance.py: keep an evenly spaced sample of at most
-NKISIM_SAMPLE_PER_FILE tests of each file, among those its conftest does not skip; with
+NKISIM_SAMPLE_PER_FILE tests of each file, among those its conftest does not skip (at least
+NKISIM_SAMPLE_PER_100 per 100 of them, so big files weigh in with more tests); with
 NKISIM_TEST_TIMEOUT, a test still running after that many seconds fails (SIGALRM), so one slow
 test costs only itself."""
 import json
+import math
 import os
 import signal
 
@@ -247,13 +249,15 @@ def _skipped(item):
 def pytest_collection_modifyitems(session, config, items):
     if not os.environ.get("NKISIM_SAMPLE_PER_FILE"):
         return
-    per = int(os.environ["NKISIM_SAMPLE_PER_FILE"])
+    per_file = int(os.environ["NKISIM_SAMPLE_PER_FILE"])
+    per_100 = float(os.environ.get("NKISIM_SAMPLE_PER_100") or 0)
     by_file = {}
     for item in items:
         by_file.setdefault(item.nodeid.split("::")[0], []).append(item)
     keep, info = set(), {}
     for path, its in by_file.items():
         run = [i for i in its if not _skipped(i) and not _other_mode(i)]
+        per = max(per_file, math.ceil(per_100 * len(run) / 100))
         pick = run if len(run) <= per else [run[(k * len(run)) // per] for k in range(per)]
         keep.update(id(i) for i in pick)
         info[os.path.basename(path)] = {
@@ -545,6 +549,7 @@ class FileResult:
     errors: list = field(default_factory=list)     # (test name, first error line)
     upstream: int = 0          # tests that cannot run upstream either (not in the pass rate)
     sample: str = ""           # with --per-file: "k of n runnable (m collected)"
+    runnable: int = 0          # with --per-file: the file's runnable tests (the sample's weight)
 
 
 def _first_line(text: str, limit: int = 220) -> str:
@@ -626,7 +631,7 @@ def _env(extra_path) -> dict:
 
 def run_pytest(corpus: str, cwd: str, targets: list, pythonpath: list, extra: list,
                timeout: float, files: dict | None = None, sample: int | None = None,
-               test_timeout: float | None = None) -> dict:
+               test_timeout: float | None = None, per_100: float | None = None) -> dict:
     """Run pytest in a subprocess; per-file results from its JUnit XML report. ``sample``: keep
     an evenly spaced sample of at most that many runnable tests per file (SAMPLE_PLUGIN);
     ``test_timeout``: fail a test that runs longer (seconds)."""
@@ -641,6 +646,8 @@ def run_pytest(corpus: str, cwd: str, targets: list, pythonpath: list, extra: li
     env["NKISIM_SAMPLE_INFO"] = info_path
     if sample:
         env["NKISIM_SAMPLE_PER_FILE"] = str(sample)
+        if per_100:
+            env["NKISIM_SAMPLE_PER_100"] = str(per_100)
     if test_timeout:
         env["NKISIM_TEST_TIMEOUT"] = str(test_timeout)
     info = {}
@@ -712,6 +719,7 @@ def run_pytest(corpus: str, cwd: str, targets: list, pythonpath: list, extra: li
         other = f", {v['other_mode']} marked trace/compile-only" if v.get("other_mode") else ""
         r.sample = (f"{v['sampled']} of {v['runnable']} runnable ({v['collected']} collected"
                     f"{other})")
+        r.runnable = v["runnable"]
     return results
 
 
@@ -738,6 +746,7 @@ def _merge(into: dict, res: dict) -> None:
         cur.upstream += r.upstream
         cur.errors.extend(r.errors)
         cur.sample = cur.sample or r.sample
+        cur.runnable = cur.runnable or r.runnable
 
 
 def _per_file(corpus, cwd, files, extra_targets, pythonpath, args, write=None) -> dict:
@@ -749,11 +758,13 @@ def _per_file(corpus, cwd, files, extra_targets, pythonpath, args, write=None) -
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     per = getattr(args, "per_file", None)
+    per_100 = getattr(args, "per_100", None)
     test_timeout = getattr(args, "test_timeout", None)
 
     def one_file(f):
         res = run_pytest(corpus, cwd, [f, *extra_targets], pythonpath, args.pytest_args,
-                         args.timeout, write, sample=per, test_timeout=test_timeout)
+                         args.timeout, write, sample=per, test_timeout=test_timeout,
+                         per_100=per_100)
         if "(pytest)" in res and "killed" in res["(pytest)"].errors[0][1]:
             # the process died (out of memory): each test again in its own process
             ids = [i for i in _node_ids(cwd, f, extra_targets, pythonpath, write)
@@ -874,7 +885,8 @@ def nki_library_tests(root: str, args) -> dict:
     large shapes) and runs them."""
     path = [os.path.join(root, "src"), root]
     files = [f for f in nki_library_files(root)
-             if not args.only or any(o in f for o in args.only)]
+             if (not args.only or any(o in f for o in args.only))
+             and not any(x in f for x in args.exclude or ())]
     return _per_file("nki-library", root, files, NKI_LIBRARY_ARGS, path, args,
                      NKI_CPU_SIMULATOR)
 
@@ -949,7 +961,24 @@ def report(title: str, results: dict) -> tuple:
     extra = f" ({upstream} more not runnable upstream, left out)" if upstream else ""
     rate = f", {100 * passed / (passed + failed):.1f}%" if passed + failed else ""
     print(f"  total: {passed} passed, {failed} failed{rate}{extra}")
+    weighted = weighted_rate(results)
+    if weighted:
+        print(f"  weighted by each file's runnable tests: {weighted[0]:.1f}% of "
+              f"{weighted[1]} runnable tests in the sampled files (a sample weighs every file "
+              f"the same; this estimates the corpus's rate)")
     return passed, passed + failed
+
+
+def weighted_rate(results: dict):
+    """With --per-file: each file's sample pass rate weighted by its runnable tests, as
+    (percent, runnable tests), or None. A file whose process died without a sample record
+    (runnable unknown) is left out of both sums."""
+    num = den = 0
+    for r in results.values():
+        if r.runnable and r.passed + r.failed:
+            num += r.runnable * r.passed / (r.passed + r.failed)
+            den += r.runnable
+    return (100 * num / den, den) if den else None
 
 
 def main(argv=None) -> int:
@@ -971,9 +1000,15 @@ def main(argv=None) -> int:
                         "those the corpus's conftest does not skip (nki-library skips its large "
                         "shapes in simulation); nki-library has ~4300 simulation tests, too many "
                         "for a small machine. The sample is chosen in the process that runs it")
+    p.add_argument("--per-100", type=float, default=None, metavar="K",
+                   help="with --per-file: sample at least K tests per 100 runnable tests of a "
+                        "file, so big files get bigger samples")
     p.add_argument("--only", action="append", metavar="SUBSTR",
                    help="nki-library: run only the test files whose path contains SUBSTR "
                         "(repeatable); the figure is then that subset's")
+    p.add_argument("--exclude", action="append", metavar="SUBSTR",
+                   help="nki-library: leave out the test files whose path contains SUBSTR "
+                        "(repeatable)")
     p.add_argument("--test-timeout", type=float, default=None, metavar="S",
                    help="fail a single test that runs longer than S seconds (SIGALRM), so a "
                         "slow test costs only itself, not its file's whole process")
@@ -1002,8 +1037,11 @@ def main(argv=None) -> int:
     parts = []
     for label, root, title, run in runs:
         if root:
-            passed, total = report(title, run(os.path.abspath(root), args))
-            parts.append(f"{label} {passed}/{total}")
+            results = run(os.path.abspath(root), args)
+            passed, total = report(title, results)
+            weighted = weighted_rate(results)
+            parts.append(f"{label} {passed}/{total}" +
+                         (f" (weighted {weighted[0]:.0f}%)" if weighted else ""))
         else:
             parts.append(f"{label} -/-")
     print("conformance: " + " ".join(parts))

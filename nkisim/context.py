@@ -121,6 +121,13 @@ class Rules:
     # one-element SBUF/PSUM tile still cannot steer Python (err_dynamic_control_flow_not_
     # supported, both dialects): its value is what such a test would mean.
     tensor_handle_truthy: bool = False
+    # A PSUM tensor larger than one 2 KiB bank per partition: Beta 1 refuses it ("a PSUM tile
+    # cannot span multiple PSUM banks", reference §1). nki 0.3+ allocates it over consecutive
+    # banks: AWS's nki-library core/topk/rotational_topk.py (CI-tested in simulation and on
+    # trn2) allocates `rotated_index` [128, 1024] fp32 (4 KiB per partition) in nl.psum and
+    # fills it with one nc_matmul per 512-column slice, each inside one bank (a matmul still
+    # writes one bank: nkisim_matmul_crosses_psum_bank).
+    psum_tile_spans_banks: bool = False
 
 
 BETA1 = Rules()

@@ -128,6 +128,12 @@ ERRORS: dict[str, tuple[type[Exception], str]] = {
         ValueError, "PSUM tile '{name}{shape}' ({dtype}) needs {nbytes} bytes per partition, "
         "more than one {bank} byte PSUM bank; a PSUM tile cannot span multiple PSUM banks "
         "(at most {fmax} fp32 elements per partition)"),
+    "nkisim_psum_tile_overflow": (
+        ValueError, "PSUM tile '{name}{shape}' ({dtype}) needs {nbytes} bytes per partition, "
+        "more than PSUM's {limit} bytes per partition"),
+    "nkisim_matmul_crosses_psum_bank": (
+        ValueError, "'{api}' writes bytes {start}-{end} of each partition of PSUM tile "
+        "'{name}', across a {bank} byte bank boundary: one matmul writes inside one PSUM bank"),
     "nkisim_matmul_stationary_limit": (
         ValueError, "stationary operand '{name}{shape}' of '{api}' exceeds the Tensor Engine "
         "limit: partitions <= 128 and free size <= {limit} (gemm_stationary_fmax)"),

@@ -280,9 +280,14 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
     nblocks = math.prod(blocks)
     pbytes = nblocks * nfree * sdt.itemsize
     if buf.kind == "psum" and nfree * sdt.itemsize > run.arch.psum_bank_bytes:
-        raise nki_error("nkisim_psum_bank_overflow", name=name, shape=shape_str(shape),
-                        dtype=dtypes.name(dt), nbytes=nfree * sdt.itemsize,
-                        bank=run.arch.psum_bank_bytes, fmax=run.arch.psum_fmax)
+        if not run.rules.psum_tile_spans_banks:
+            raise nki_error("nkisim_psum_bank_overflow", name=name, shape=shape_str(shape),
+                            dtype=dtypes.name(dt), nbytes=nfree * sdt.itemsize,
+                            bank=run.arch.psum_bank_bytes, fmax=run.arch.psum_fmax)
+        if nfree * sdt.itemsize > run.arch.psum_partition_bytes:
+            raise nki_error("nkisim_psum_tile_overflow", name=name, shape=shape_str(shape),
+                            dtype=dtypes.name(dt), nbytes=nfree * sdt.itemsize,
+                            limit=run.arch.psum_partition_bytes)
     if isinstance(buf, DirectAlloc):
         if fill is not None:
             raise nki_error("err_tensor_creation_on_scratchpad_with_init_value_not_supported")

@@ -48,7 +48,7 @@ def rules() -> _context.Rules:
         onchip_keep_partition=True, broadcast=False, outputs_shared_hbm=True,
         unrolled_loops=True, reduce_last_axes=True, allocated_kernel_rules=False,
         activation_bias_any_float=True,
-        tensor_handle_truthy=True,
+        tensor_handle_truthy=True, psum_tile_spans_banks=True,
         # nl.copy: 0.3-0.5 ScalarE activation(copy), result in the source's buffer; 0.6.0 VectorE
         # tensor_copy, "result always in SBUF" (STUB-R29 vs STUB-R32, RN 2.32; spec §2.3)
         copy_same_buffer=not _version.at_least(0, 6))

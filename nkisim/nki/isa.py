@@ -75,7 +75,8 @@ _CONSTRAINT_CODES = frozenset({
     "err_num_partition_exceed_arch_limit", "err_num_partition_mismatch",
     "err_size_of_dimension_exceed_arch_limit", "err_unsupported_memory",
     "err_store_dst_shape_smaller_than_other_shape", "nkisim_matmul_stationary_limit",
-    "nkisim_matmul_moving_limit", "nkisim_matmul_contraction_mismatch", "nkisim_operand_dtype",
+    "nkisim_matmul_moving_limit", "nkisim_matmul_contraction_mismatch",
+    "nkisim_matmul_crosses_psum_bank", "nkisim_operand_dtype",
     "nkisim_both_inputs_psum", "nkisim_shape_mismatch", "nkisim_invalid_argument"})
 _AS_VALIDATION: dict = {}
 
@@ -878,6 +879,20 @@ def nc_transpose(dst, data, engine=engine.unknown, name=None):
     return _into(dst, res, api, name)
 
 
+def _one_bank(run, dst, api):
+    """A PSUM tensor may span several banks in this dialect (Rules.psum_tile_spans_banks), but
+    one matmul writes inside one 2 KiB bank ("each nc_matmul writes one PSUM bank":
+    gemm_moving_fmax is 512 fp32, one bank; STUB-R32 nc_matmul §Tile size). PSUM tensors
+    start on a bank boundary (MIG "PSUM addresses must start on a 2 KB bank boundary")."""
+    bank = run.arch.psum_bank_bytes
+    if (dst.root.pbytes or 0) <= bank:
+        return
+    r = region(dst)
+    if r.b1 > r.b0 and r.b0 // bank != (r.b1 - 1) // bank:
+        raise nki_error("nkisim_matmul_crosses_psum_bank", api=api, start=r.b0, end=r.b1,
+                        name=dst.root.name, bank=bank)
+
+
 @_validated
 def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False,
               is_transpose=False, accumulate=None, tile_position=(), tile_size=(),
@@ -898,6 +913,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     _onchip(dst, api, "dst", ("psum",))
     _onchip(stationary, api, "stationary", ("sbuf",))
     _onchip(moving, api, "moving", ("sbuf",))
+    _one_bank(run, dst, api)
     if is_transpose:
         # a PE transpose (stationary.T @ identity) keeps the data's dtype, as nc_transpose
         # does ("dst.dtype must equal data.dtype"); AWS's nki-library core/max/cascaded_max.py

@@ -169,6 +169,23 @@ def test_per_file_sample_is_chosen_in_the_running_process(conformance_module, tm
     assert any("TIMEOUT" in msg for _, msg in r.errors), r.errors
 
 
+def test_per_100_grows_big_files_samples_and_the_rate_is_weighted(conformance_module,
+                                                                   tmp_path):
+    """--per-100 K: at least K tests per 100 runnable ones (11 runnable, K=30 -> ceil(3.3) = 4
+    > --per-file 2); the weighted rate weighs each file's sample rate by its runnable tests."""
+    (tmp_path / "test_sampled.py").write_text(SAMPLED_FILE.replace("time.sleep(30)", "pass"))
+    res = conformance_module.run_pytest("x", str(tmp_path), ["test_sampled.py"], [], [],
+                                        timeout=120, sample=2, per_100=30)
+    r = res["test_sampled.py"]
+    assert r.sample.startswith("4 of 11 runnable") and r.runnable == 11
+    FileResult = conformance_module.FileResult
+    rate, n = conformance_module.weighted_rate({
+        "a": FileResult("a", passed=3, failed=1, runnable=300),     # 75% of 300
+        "b": FileResult("b", passed=1, failed=1, runnable=100),     # 50% of 100
+        "c": FileResult("c", passed=0, failed=2)})                  # no sample record: left out
+    assert n == 400 and rate == pytest.approx(100 * (225 + 50) / 400)
+
+
 def test_upstream_failures_are_recognised_by_all_their_patterns(conformance_module):
     why = conformance_module._upstream_failure(
         "nki-library", 'E   KeyError: \'mask_out_hbm\'\n  return {"golden_mask": '
