@@ -281,6 +281,62 @@ def test_a_baseline_function_is_called_only_when_the_verdict_needs_it():
                                          tolerance=loose, k=2).baseline_limit
 
 
+def test_a_baseline_sample_decides_only_when_it_proves_the_pass():
+    # The baseline's max error on a part is at most its max on the whole: a kernel within k x
+    # the part's passes as with the whole; otherwise the whole baseline is computed and decides.
+    rng = np.random.default_rng(7)
+    expected = rng.random((4, 250)) * 8                   # 1-ulp floor at max|golden|: 2**-21
+    noise = rng.standard_normal(expected.shape) * 2.0**-19
+    baseline = (expected + noise).astype(np.float32)      # a baseline ~4 ulps off
+    loose = Tolerance("float32", 1, atol=1e-3, bias_z=None)  # only the baseline check decides
+    part = (slice(0, 1), slice(None))
+    calls, decided = [], set()
+
+    def whole():
+        calls.append("whole")
+        return baseline
+
+    def sample():
+        calls.append("sample")
+        return baseline[part], part
+
+    for kernel_noise, k in ((1.0, 4), (3.0, 2), (0.5, 1)):
+        kernel = (expected + kernel_noise * noise[::-1]).astype(np.float32)
+        calls.clear()
+        got = compare(kernel, expected, FP32, baseline=whole, baseline_sample=sample,
+                      tolerance=loose, k=k)
+        want = compare(kernel, expected, FP32, baseline=baseline, tolerance=loose, k=k)
+        assert got.passed == want.passed and got.reasons == want.reasons
+        part_max = np.abs(baseline[part].astype(np.float64) - expected[part]).max()
+        decided.add(got.baseline_sampled)
+        if got.baseline_sampled:
+            assert calls == ["sample"] and got.passed
+            assert got.baseline_limit == pytest.approx(k * part_max)
+            assert got.baseline_limit <= want.baseline_limit
+            assert got.baseline_stats.n == 250 and "on a sample of 250" in got.message()
+        else:
+            assert calls == ["sample", "whole"]
+            assert got.baseline_limit == want.baseline_limit
+    assert decided == {True, False}                   # both ways were exercised
+    with pytest.raises(ValueError, match="baseline sample shape"):
+        compare((expected + 4 * noise).astype(np.float32), expected, FP32, baseline=whole,
+                baseline_sample=lambda: (baseline[:2], part), tolerance=loose)
+
+
+def test_percentiles_of_a_large_output_come_from_every_sth_chunk(monkeypatch):
+    import nkiverify.compare as cmp
+    monkeypatch.setattr(cmp, "PERCENTILE_SAMPLE", 1000)
+    actual, expected = _noisy(4500, FP32, 2)
+    st = error_stats(actual, expected, FP32, tolerance_for(FP32, 16), chunk=250)
+    values = _plain_numpy_stats(actual, expected, FP32, tolerance_for(FP32, 16),
+                                np.abs(expected).max())["abs"]
+    # n // PERCENTILE_SAMPLE = 4: chunks 0, 4, 8, ... of 250 elements
+    sampled = np.concatenate([values[i:i + 250] for i in range(0, 4500, 1000)])
+    assert st.abs.max == values.max() and st.abs.mean == pytest.approx(values.mean())
+    assert (st.abs.p50, st.abs.p90, st.abs.p99, st.abs.p999) == pytest.approx(
+        tuple(np.percentile(sampled, [50, 90, 99, 99.9])), rel=1e-12)
+
+
 # --- the default tolerance on realistic conv2d data --------------------------------------------
 
 B, C_IN, C_OUT, H, K, POOL = 2, 256, 32, 10, 3, 2  # reduction length 256*9 = 2304, as the course

@@ -4,6 +4,7 @@ and every run still sees the inputs as drawn."""
 
 import dataclasses
 
+import numpy as np
 import pytest
 
 from nkiverify import registry
@@ -77,3 +78,65 @@ def test_a_kernel_that_writes_its_inputs_does_not_change_the_next_run(counted, t
     inputs = spec.inputs({"n": 128}, "float32", 1)
     expected = inputs.args[0] + inputs.args[1]        # one fp32 rounding, as the engine
     assert (outcome.output == expected).all()
+
+
+def test_an_output_equal_to_the_last_runs_is_not_compared_again(counted, monkeypatch):
+    spec, calls = counted
+    compared = []
+    real = registry.check_output
+
+    def check_output(*args, **kwargs):
+        compared.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(registry, "check_output", check_output)
+    backend = NkisimBackend()
+    runs = [registry.run_case(spec.for_dialect(d), {"n": 384}, "float32", backend, seed=5)
+            for d in ("beta1", "nki", "nki")]
+    # both dialects add in fp32 and round once: the same bits, one comparison
+    assert all((r.output == runs[0].output).all() for r in runs)
+    assert len(compared) == 1 and len(calls) == 1
+    assert [r.comparison.reasons for r in runs] == [[], [], []]
+    assert runs[1].comparison is not runs[0].comparison       # each run gets its own copy
+    # another k is another comparison
+    registry.run_case(spec.for_dialect("nki"), {"n": 384}, "float32", backend, seed=5, k=2.0)
+    assert len(compared) == 2
+
+
+def test_a_different_output_is_compared_and_fails(counted, tmp_path):
+    # the clobbering kernel's output is right; a kernel returning a + a is not, and is caught
+    # although a correct output of the same case was compared (and kept) just before
+    spec, _ = counted
+    wrong = CLOBBERS_A.replace("data2=b", "data2=a").replace(
+        "    zero = nl.ndarray((M, 1), dtype=a_vec.dtype, buffer=nl.sbuf)\n"
+        "    nisa.memset(dst=zero, value=0.0)\n"
+        "    nisa.dma_copy(dst=a_vec.reshape((M, 1)), src=zero)\n", "")
+    (tmp_path / "wrong.py").write_text(wrong)
+    backend = NkisimBackend()
+    good = registry.run_case(spec.for_dialect("beta1"), {"n": 128}, "float32", backend, seed=1)
+    bad_spec = dataclasses.replace(spec, import_path=f"{tmp_path / 'wrong.py'}:vector_add_naive",
+                                   dialect="nki", nki_path="")
+    bad = registry.run_case(bad_spec, {"n": 128}, "float32", backend, seed=1)
+    assert good.passed and not bad.passed
+
+
+def test_the_conv2d_baseline_sample_is_a_band_of_the_baseline(monkeypatch):
+    from nkiverify.reference.conv2d import conv2d_maxpool_baseline
+    spec = registry.get("conv2d")
+    params = {"batch": 2, "c_in": 16, "c_out": 8, "height": 20, "width": 11, "k": 3,
+              "pool": 2, "bias": True}
+    inputs = spec.inputs(params, "float32", 3, "normal")
+    full = conv2d_maxpool_baseline(*inputs.args, **inputs.kwargs)       # (2, 8, 9, 4)
+    monkeypatch.setattr(registry, "BASELINE_SAMPLE", 8 * 4 * 3)         # 3 pooled rows
+    values, index = registry._conv_baseline_sample(*inputs.args, dtype=np.float32,
+                                                   **inputs.kwargs)
+    assert index == (slice(0, 1), slice(None), slice(0, 3), slice(None))
+    assert values.shape == full[index].shape == (1, 8, 3, 4) and values.dtype == np.float32
+    # the same fp32 computation on fewer columns: equal up to BLAS's order (an fp32 ulp)
+    np.testing.assert_allclose(values, full[index], rtol=2**-22, atol=1e-6)
+    # a band that would be the whole output: no sample (the whole baseline is computed)
+    monkeypatch.setattr(registry, "BASELINE_SAMPLE", 10**6)
+    one = spec.inputs({**params, "batch": 1}, "float32", 3, "normal")
+    assert registry._conv_baseline_sample(*one.args, dtype=np.float32, **one.kwargs) is None
+    values, index = registry._conv_baseline_sample(*inputs.args, dtype=np.float32,
+                                                   **inputs.kwargs)
+    assert index[0] == slice(0, 1) and values.shape == (1, 8, 9, 4)      # the first image
