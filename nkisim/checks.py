@@ -337,6 +337,11 @@ def check_read(run, t, api: str, accumulate: bool = False, uninit: bool = True) 
     root = t.root
     if root.live is None and "scope" in run.checks:
         raise _scope_error(run, t)
+    if run.spmd is not None:
+        if root.pend is not None:
+            check_pending_read(run, t)
+        if root.rd < run.epoch:
+            root.rd = run.epoch
     racy = () if accumulate or root is run.assoc else _racy_loops(run, root)
     uninit = uninit and "uninit" in run.checks
     if not racy and (not uninit or root.full is True or
@@ -365,11 +370,15 @@ def check_read(run, t, api: str, accumulate: bool = False, uninit: bool = True) 
                     where=where(file, line))
 
 
-def check_write(run, t, api: str, accumulate: bool, same_values=None) -> bool:
+def check_write(run, t, api: str, accumulate: bool, same_values=None, view=None,
+                values_of=None) -> bool:
     """Before an instruction writes view ``t``: output dependencies between iterations of a
     parallel loop, writes to out-of-scope tiles. Returns True when the write must *not* restamp
     the shadow (an accumulation onto a group started by an earlier iteration, see module doc).
-    Also keeps the tensor's summaries (``hi``, ``gen``, ``full``, ``uniform``) up to date."""
+    Also keeps the tensor's summaries (``hi``, ``gen``, ``full``, ``uniform``) up to date.
+    ``view``: the written view whose values (``values_of(view)``: nkisim.tensor.values) a
+    program instance's overlapping write is judged on at the end of the phase
+    (``settle_spmd_writes``)."""
     root = t.root
     if root.live is None and "scope" in run.checks:
         raise _scope_error(run, t)
@@ -405,6 +414,12 @@ def check_write(run, t, api: str, accumulate: bool, same_values=None) -> bool:
                          f"rewrites what {_iter_str(lp, _iteration_of(run, e, lp))} wrote "
                          "(redundant work: offset the destination by nl.program_id)")
                 hit = None
+            elif lp.kind == "spmd" and view is not None and root.rd < lp.first_epoch:
+                # other values: decided at the end of the phase (settle_spmd_writes)
+                if w is None:
+                    w = shadow_view(t)
+                _defer_spmd_write(run, lp, t, w, view, values_of, api, (file, line))
+                hit = _find_race(run, w, lo, hi, [p for p in racy if p is not lp])
         if hit is not None:
             lp, e = hit
             file, line = caller_location()
@@ -426,6 +441,90 @@ def check_write(run, t, api: str, accumulate: bool, same_values=None) -> bool:
     elif root.uniform != epoch:
         root.uniform = None
     return False
+
+
+# ---------------------------------------------------------------------------------------------
+# program instances writing the same HBM bytes with other values
+#
+# Two instances of a launch (the two cores of LNC 2) that write the same bytes without a
+# synchronisation between them race: their DMA writes land in any order. What the device leaves
+# is then each byte's *last* write, and that is the last write of one of the instances, any of
+# them (each instance's own writes to a byte are ordered: the compiler orders a core's
+# dependent DMAs, which every kernel relies on at LNC 1). So the result does not depend on the
+# order iff every instance's last write of the byte in the phase has the same value; meanwhile
+# any value either instance wrote may be there, so no instance may read those bytes before the
+# instances synchronise. AWS's router_topk (nki-library d2ad3a5, `use_indirect_dma_scatter`
+# without `shard_on_tokens` on LNC 2) has both cores zero-fill the output rows and then scatter
+# the same top-k values into them (indirect DMA): core 1's zero-fill may land after core 0's
+# scatter, but core 1's own scatter comes after it, so every byte ends with the scattered value,
+# and nothing reads the output before the kernel ends.
+#
+# nkisim runs the instances one after the other, each to its synchronisation point: when an
+# instance overwrites bytes another one wrote in this phase, the old values are that
+# instance's last ones. The write is recorded with a copy of them (``run.spmd_pending``); when
+# the phase ends (all instances meet, or the launch ends) the bytes must hold those values again
+# (else err_unexpected_output_dependencies, at the first such write), and a read of the tensor
+# in between is the error at once. A tensor read in this phase before the overlapping write is
+# the error at that write (``Allocation.rd``: an instance read what another instance may
+# overwrite at any time).
+
+
+def _defer_spmd_write(run, lp, t, w, view, values, api, site) -> None:
+    mine = (w >= lp.first_epoch) & (w < lp.epoch)       # written by other instances this phase
+    if not mine.any():
+        return
+    m = np.array(np.broadcast_to(mine, view.shape))
+    root = t.root
+    run.spmd_pending.append((root, view, m, np.array(values(view)[m]), values, api, site,
+                             lp.iteration, _iteration_of(run, int(w[mine].max()), lp)))
+    root.pend = lp.first_epoch
+
+
+def _pending_error(run, lp, p, detail, m=None):
+    root, view, mine, old, _values, api, site, it, other = p
+    m = mine if m is None else m
+    return nki_error("err_unexpected_output_dependencies", loop=loop_name(lp), name=root.name,
+                     region=_strip_name(tensor_region(view, m), view),
+                     detail=f": {_iter_str(lp, it)} ('{api}' at {where(*site)}) writes what "
+                            f"{_iter_str(lp, other)} wrote, other values with no "
+                            f"synchronisation between them: {detail}; offset the destination "
+                            "by nl.program_id")
+
+
+def check_pending_read(run, t) -> None:
+    """A read (by any instance) of a tensor instances wrote with other values this phase."""
+    lp = run.spmd
+    root = t.root
+    for p in run.spmd_pending:
+        if p[0] is root:
+            raise _pending_error(run, lp, p, "the cores' writes land in any order, so what "
+                                 "this read sees is not determined (nisa.core_barrier first)")
+
+
+def settle_spmd_writes(run) -> None:
+    """The phase ended (all instances met, or the launch ended): every recorded overlapping
+    write must have left the values the earlier instance wrote (see above)."""
+    pending, run.spmd_pending = run.spmd_pending, []
+    if not pending:
+        return
+    lp = run.spmd
+    for p in pending:
+        p[0].pend = None
+    for p in pending:
+        root, view, m, old, values, api, site, it, other = p
+        now = np.asarray(values(view)[m])
+        same = (now == old) | ((now != now) & (old != old))
+        if not same.all():
+            bad = m.copy()
+            bad[m] = ~same
+            raise _pending_error(run, lp, p, "they end with other values, so the result "
+                                 "depends on which core writes last", bad)
+        run.warn(("spmd_order_independent",),
+                 f"program instances write `{root.name}` without synchronisation: "
+                 f"{_iter_str(lp, it)} ('{api}' at {where(*site)}) overwrites what "
+                 f"{_iter_str(lp, other)} wrote with other values, then both end with the same "
+                 "values (the result does not depend on their order; redundant work: offset "
+                 "the destination by nl.program_id)", site=site)
 
 
 def _bump(root, epoch) -> None:

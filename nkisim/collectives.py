@@ -31,9 +31,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import checks, context, dtypes
+from . import context, dtypes
 from .errors import nki_error, shape_str
-from .tensor import ElementTaint, Tensor, _free, _partitions, read, region, write
+from .tensor import Tensor, _free, _partitions, read, region, write
 from .trace import DMA, GPSIMD
 
 
@@ -150,24 +150,20 @@ def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, gpsimd_dma: bool =
     to = _ranks(api, "send_to_rank", send_to_rank, size)
     frm = _ranks(api, "recv_from_rank", recv_from_rank, size)
     sent = np.array(read(src, api, run), copy=True)       # what this core sends, now
-    # the never-written elements it sends (``read`` noted them in run.taint): they arrive
-    # never-written in the receiver's dst, whatever the receiver itself read (a DMA copy:
-    # element for element, nkisim.tensor.elementwise_taint)
-    garbage = None
-    if run.taint is not None and src._ws is not None:
-        garbage = (np.array(checks.shadow_view(src) == 0), run.taint[1])
+    # never-written elements of src travel with the data: they mark the *peer's* dst, not this
+    # core's (nkisim.tensor._taint; AWS's router_topk with shard_on_tokens and T=5 sends a
+    # 3-row buffer of which core 0 wrote 2 rows, and core 1 reads back only those 2)
+    taint, run.taint = run.taint, None
     members = tuple(sorted({me, to, frm}))
     what = f"sendrecv(pipe_id={int(pipe_id)}, send_to_rank={to}, recv_from_rank={frm}) at " \
            f"{_where()}"
-    mine = (to, sent, layout, src.dtype, tuple(src.shape), garbage)
     if len(members) == 1:
-        got = {me: mine}
+        got = {me: (to, sent, layout, src.dtype, tuple(src.shape), taint)}
     else:
-        got = run.lnc.meet(("sendrecv", int(pipe_id)), members, mine, what,
+        got = run.lnc.meet(("sendrecv", int(pipe_id)), members,
+                           (to, sent, layout, src.dtype, tuple(src.shape), taint), what,
                            _describe_sendrecv)
-    peer_to, vals, peer_layout, peer_dtype, peer_shape, peer_garbage = got[frm]
-    run.taint = None if peer_garbage is None else \
-        (ElementTaint(peer_garbage[0]), peer_garbage[1])
+    peer_to, vals, peer_layout, peer_dtype, peer_shape, peer_taint = got[frm]
     if peer_to != me:
         raise nki_error("nkisim_lnc_mismatch", what=what, detail=f"program {me} receives "
                         f"from program {frm}, which sends to program {peer_to}")
@@ -175,6 +171,7 @@ def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, gpsimd_dma: bool =
         raise nki_error("nkisim_lnc_mismatch", what=what, detail=f"program {frm} sends "
                         f"{shape_str(peer_shape)} {dtypes.name(peer_dtype)} but program {me} "
                         f"receives into {shape_str(dst.shape)} {dtypes.name(dst.dtype)}")
+    run.taint = peer_taint
     write(dst, vals.reshape(dst.shape), api, run=run)
     nbytes = dst.size * item
     # a DMA of src's bytes (SBUF -> the peer's SBUF), costed as an SBUF-to-SBUF dma_copy of

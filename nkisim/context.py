@@ -166,6 +166,9 @@ class Run:
     alloc_specs: dict = field(default_factory=dict)
     lnc: object = None                                # nkisim.lnc.Instances of a multi-
     #                                                   instance launch (None: one instance)
+    # program instances' overlapping writes of other values, decided at the end of the phase
+    # (nkisim.checks.settle_spmd_writes)
+    spmd_pending: list = field(default_factory=list)
 
     # ---- loops and epochs ----
     def new_epoch(self, loop: Loop, iteration: int) -> int:
@@ -211,13 +214,14 @@ class Run:
         self.memory.tick()                 # lifetimes of the tiles it touches (nkisim.memory)
         return instr
 
-    def warn(self, key, message: str) -> None:
+    def warn(self, key, message: str, site=None) -> None:
         """A suspicious-pattern warning, once per kind of pattern per source line per run.
 
         ``key`` is a tuple whose first item names the pattern (``"psum_dtype"``, ``"flow"``...);
         the rest is ignored for deduplication: a loop body warns once, not once per iteration.
+        ``site``: the kernel's (file, line) when it is not the caller's (a deferred check).
         """
-        self._warn_once(key, errors.SUSPICIOUS_PREFIX + message, errors.NKIWarning)
+        self._warn_once(key, errors.SUSPICIOUS_PREFIX + message, errors.NKIWarning, site)
 
     def rule(self, key, what: str, rule: str, link: str) -> None:
         """A documented NKI rule the device is known to tolerate: an ``NKIRuleWarning`` quoting
@@ -227,11 +231,11 @@ class Run:
             raise errors.nki_error("nkisim_strict_rule", what=what, rule=rule, link=link)
         self._warn_once(key, errors.rule_text(what, rule, link), errors.NKIRuleWarning)
 
-    def _warn_once(self, key, text: str, category) -> None:
+    def _warn_once(self, key, text: str, category, site=None) -> None:
         """Warn at the kernel's source line, once per pattern (``key``'s first item) and line."""
         if "warnings" not in self.checks:
             return
-        file, line = caller_location()
+        file, line = caller_location() if site is None else site
         site = (key[0] if isinstance(key, tuple) else key, file, line)
         if site in self.warned:
             return

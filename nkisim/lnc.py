@@ -94,6 +94,9 @@ class Instances:
             with self.cv:
                 while self.error is None and not all(s == "done" for s in self.state):
                     self.cv.wait()
+            if self.error is None:          # the last phase ends with the launch
+                from .checks import settle_spmd_writes
+                settle_spmd_writes(run)
         except BaseException as e:      # KeyboardInterrupt in the caller's thread
             self._fail(e)
         if self.error is not None:
@@ -252,7 +255,10 @@ class Instances:
         return slot["payloads"]
 
     def _phase(self) -> None:
-        """All instances met: epochs from here on are a new phase of the SPMD pseudo-loop."""
+        """All instances met: epochs from here on are a new phase of the SPMD pseudo-loop.
+        Their overlapping writes of the phase are decided now (checks.settle_spmd_writes)."""
+        from .checks import settle_spmd_writes
+        settle_spmd_writes(self.run)
         lp = self.run.spmd
         if lp is not None:
             lp.first_epoch = self.run.next_epoch

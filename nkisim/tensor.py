@@ -108,7 +108,8 @@ class Allocation:
     __slots__ = ("id", "buffer", "name", "key", "row_bytes", "p_base", "shadow", "param",
                  "mutable", "live", "pbytes", "banks", "loop", "file", "line", "direct",
                  "dtype", "shape", "epoch", "hi", "gen", "full", "uniform", "taint",
-                 "adopted", "store", "buf", "base_off", "unpoisoned", "nparts", "__weakref__")
+                 "adopted", "store", "buf", "base_off", "unpoisoned", "nparts", "rd", "pend",
+                 "__weakref__")
 
     def __init__(self, buffer, name, dtype, shape):
         self.buffer = buffer          # "hbm" | "sbuf" | "psum"
@@ -142,6 +143,8 @@ class Allocation:
         self.buf = None               # the Buffer it was created in (None: by kind)
         # storage not yet filled with the poison (allocated lazily, see ``poisoned``)
         self.unpoisoned = None
+        self.rd = 0                   # latest epoch it was read in, in a multi-instance launch
+        self.pend = None              # program instances' pending overlapping writes (checks)
 
 
 _ids = iter(range(1, 1 << 62))
@@ -1220,9 +1223,11 @@ def elementwise_taint(run, src: Tensor) -> None:
 # mlp_tkg_gate_up_projection adds the other core's partial sums into a [128, n, T] tile whose
 # last I-tile is partly garbage (I not a multiple of 128) and later contracts only the valid
 # partitions of each tile; a per-partition taint would spoil the valid tiles of those partitions.
+# sendrecv too: its dst has src's partitions and elements per partition (nki.isa.sendrecv),
+# and nkisim.collectives hands the receiver the sender's read taint.
 _ELEMENTWISE = frozenset({"tensor_tensor", "tensor_scalar", "scalar_tensor_tensor", "activation",
                           "tensor_copy", "reciprocal", "dropout", "affine_select",
-                          "tensor_copy_predicated"})
+                          "tensor_copy_predicated", "sendrecv"})
 
 
 class ReadTaint:
@@ -1499,7 +1504,9 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
         keep = checks.check_write(run, t if mask is None else _masked_shadow_view(t, t._mask,
                                                                                  run),
                                   api, accumulate,
-                                  same_values=lambda: _same_values(t, vals, mask, add))
+                                  same_values=lambda: _same_values(t, vals, mask, add),
+                                  view=t if add is None and vals is not None else None,
+                                  values_of=values)
     dt = t.dtype
     if dt == dtypes.TF32 or (dt.kind in "iub" and np.asarray(vals).dtype.kind == "f"):
         vals = dtypes.cast(vals, dt)
