@@ -23,19 +23,34 @@ from .tensor import Tensor, _addr, _coarse_shadow, read
 
 
 def _owner(a: np.ndarray) -> np.ndarray:
-    while isinstance(a.base, np.ndarray):
-        a = a.base
-    return a
+    """The array that owns the memory ``a`` views. A view made by ``as_strided`` (an earlier
+    ``.ap()``: nki-library's TensorView calls ``.ap()`` on the result of ``.ap()``) has a
+    ``numpy.lib.stride_tricks.DummyArray`` as its base, which keeps the array it views as its
+    own ``base``: follow it too, or the storage looks like the strided view."""
+    while True:
+        b = a.base
+        if not isinstance(b, np.ndarray):
+            b = getattr(b, "base", None)
+            if not isinstance(b, np.ndarray):
+                return a
+        a = b
 
 
 def _bytes_of(owner: np.ndarray, name: str) -> np.ndarray:
-    """The memory owner's bytes, in memory order, as a view (never a copy: writes must land)."""
-    flat = owner.ravel(order="K")
-    if not np.shares_memory(flat[:1], owner) or not (owner.flags.c_contiguous or
-                                                     owner.flags.f_contiguous):
+    """The memory owner's bytes from its first to its last, as a view (never a copy: writes
+    must land). A contiguous owner is its bytes in memory order; a strided one (its elements
+    spread over a larger block) spans the block from its first element's address, which the
+    pattern's own geometry (partition stride, checked bounds) then addresses."""
+    if owner.flags.c_contiguous or owner.flags.f_contiguous:
+        flat = owner.ravel(order="K")
+        if np.shares_memory(flat[:1], owner):
+            return flat.view(np.uint8)
+    if owner.size == 0 or any(s < 0 for s in owner.strides):
         raise nki_error("nkisim_unsupported", what=f"ap() of `{name}`",
-                        why="its storage is not one contiguous block (pass contiguous arrays)")
-    return flat.view(np.uint8)
+                        why="its storage has negative strides (a reversed NumPy view)")
+    span = sum((n - 1) * s for n, s in zip(owner.shape, owner.strides)) + owner.itemsize
+    first = owner[(slice(0, 1),) * owner.ndim].view(np.uint8).reshape(-1)
+    return as_strided(first, shape=(span,), strides=(1,))
 
 
 def _pattern(pattern, api):

@@ -1307,19 +1307,62 @@ def elementwise_taint(run, src: Tensor) -> None:
     run.taint = (ElementTaint(np.ascontiguousarray(bad)), run.taint[1])
 
 
+# instructions each of whose result elements is computed from the operand elements at the same
+# place (same partition, same index in the partition's free elements; a (P, 1) operand such as
+# tensor_scalar's or activation's bias broadcast along the free dimension): exactly the result
+# elements computed from never-written operand elements are never-written. nki-library's
+# mlp_tkg_gate_up_projection adds the other core's partial sums into a [128, n, T] tile whose
+# last I-tile is partly garbage (I not a multiple of 128) and later contracts only the valid
+# partitions of each tile; a per-partition taint would spoil the valid tiles of those partitions.
+# sendrecv too: its dst has src's partitions and elements per partition (nki.isa.sendrecv),
+# and nkisim.collectives hands the receiver the sender's read taint.
+_ELEMENTWISE = frozenset({"tensor_tensor", "tensor_scalar", "scalar_tensor_tensor", "activation",
+                          "tensor_copy", "reciprocal", "dropout", "affine_select",
+                          "tensor_copy_predicated", "sendrecv"})
+
+
+class ReadTaint:
+    """What the operands the current instruction read hold never-written (``run.taint``'s
+    first item from ``read``): per partition (``rows``), and per element (``elems``, a
+    [partitions, free elements] mask, None when the operands' layouts do not line up)."""
+
+    __slots__ = ("rows", "elems")
+
+    def __init__(self, rows, elems):
+        self.rows = rows
+        self.elems = elems
+
+
+def _merge_elems(a, b):
+    """Element masks of two operands ([P, F] each) as one [P, F] mask of the result, with a
+    (P, 1) operand broadcast along the free dimension; None when they do not line up."""
+    if a is None or b is None or a.shape[0] != b.shape[0]:
+        return None
+    if a.shape[1] == b.shape[1] or b.shape[1] == 1:
+        return a | b
+    if a.shape[1] == 1:
+        return b | a
+    return None
+
+
 def _taint(run, view, exc) -> None:
     """Note that the current instruction read never-written elements of ``view``."""
     w = checks.shadow_view(view)
     bad = w == 0
     origin = getattr(view.root, "taint", None) or exc
     rows = bad.reshape(bad.shape[0], -1).any(axis=1) if bad.ndim else bad.reshape(1)
+    elems = bad.reshape(bad.shape[0], -1) if bad.ndim else bad.reshape(1, 1)
     prev = run.taint
     if prev is not None:
         prows, porigin = prev
+        pelems = None
+        if isinstance(prows, ReadTaint):
+            prows, pelems = prows.rows, prows.elems
         rows = (rows | prows) if isinstance(prows, np.ndarray) and \
             prows.shape == rows.shape else None
+        elems = _merge_elems(elems, pelems)
         origin = porigin
-    run.taint = (rows, origin)
+    run.taint = (ReadTaint(rows, elems), origin)
 
 
 def _apply_taint(run, t: Tensor, api: str, mask) -> None:
@@ -1341,6 +1384,11 @@ def _apply_taint(run, t: Tensor, api: str, mask) -> None:
     checks.materialize(t.root)
     shape = t.shape
     bad = np.ones(shape, bool)
+    if isinstance(rows, ReadTaint):
+        elems, rows = rows.elems, rows.rows
+        if api in _ELEMENTWISE and elems is not None and shape and \
+                elems.shape[0] == shape[0] and elems.shape[1] == math.prod(shape[1:]):
+            rows = ElementTaint(elems)
     if isinstance(rows, ElementTaint):
         if rows.bad.size == math.prod(shape):
             bad = rows.bad.reshape(shape)

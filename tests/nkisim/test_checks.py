@@ -422,11 +422,11 @@ def test_spmd_instance_reading_another_instances_output_is_a_dependency():
 
 def test_uninitialized_read_names_tensor_region_and_line():
     def body(a):
-        out = nl.ndarray((64, 32), dtype=nl.float32, buffer=nl.shared_hbm)
+        out = nl.ndarray((64, 16), dtype=nl.float32, buffer=nl.shared_hbm)
         buf = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(src=a[:, 0:32], dst=buf[:, 0:32])
         r = nisa.tensor_copy(buf[64:128, 16:48])         # columns 32:48 never written
-        nisa.dma_copy(src=r, dst=out)                    # the garbage leaves the chip
+        nisa.dma_copy(src=r[:, 16:32], dst=out)          # the garbage leaves the chip
         return out
 
     msg = raises("nkisim_uninitialized_read", body, rand(128, 64))
@@ -441,12 +441,14 @@ def test_views_made_before_a_partial_write_see_its_epochs():
     too: the same verdicts and messages as an element-wise shadow from the start."""
     def body(a):
         out = nl.ndarray((128, 32), dtype=nl.float32, buffer=nl.shared_hbm)
+        bad = nl.ndarray((128, 16), dtype=nl.float32, buffer=nl.shared_hbm)
         buf = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
         left, right = buf[:, 0:32], buf[:, 16:48]          # views of the lazy tile
         nisa.dma_copy(src=a[:, 0:32], dst=left)             # a partial write materializes
         nisa.dma_copy(src=nisa.tensor_copy(left), dst=out)  # fine: written
-        nisa.dma_copy(src=nisa.tensor_copy(right), dst=out)  # columns 32:48 never written
-        return out
+        r = nisa.tensor_copy(right)                         # columns 32:48 never written
+        nisa.dma_copy(src=r[:, 16:32], dst=bad)             # ... and stored
+        return out, bad
 
     msg = raises("nkisim_uninitialized_read", body, rand(128, 64))
     assert "reads `buf[0:128, 32:48]` (2048 of 4096 elements never written)" in msg, msg

@@ -806,3 +806,47 @@ def test_ap_of_an_input_that_is_a_slice_of_a_larger_array():
     big = np.arange(10 * 8, dtype=np.float32).reshape(10, 8)
     a = big[3:5]                      # contiguous, its memory owned by `big`
     np.testing.assert_array_equal(run(k, a), a[:, 1::2])
+
+
+def _ap_of_ap_kernel(placed):
+    """``.ap()`` of a view that ``.ap()`` made (nki-library's TensorView.get_view() on a tile
+    it got from get_view()): the pattern addresses the tile's storage, not the view."""
+    def k(a):
+        out = nl.ndarray((128, 8), dtype=a.dtype, buffer=nl.shared_hbm)
+        kw = {"address": (0, 512)} if placed else {}
+        t = nl.ndarray((128, 2, 8), dtype=a.dtype, buffer=nl.sbuf, **kw)
+        nisa.dma_copy(dst=t, src=a)
+        v = t.ap([[16, 64], [1, 8]], offset=2 * 16 + 4)      # partitions 2:66, elements 4:12
+        w = v.ap([[16, 128], [2, 8]], offset=1)              # all partitions, odd elements
+        s = nl.ndarray((128, 8), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=s, src=w)
+        nisa.tensor_scalar(dst=v.ap([[16, 128], [1, 2]], offset=14), data=s[:, 0:2],
+                           op0=nl.multiply, operand0=-1.0)   # writes land in t's elements 14:16
+        nisa.tensor_copy(dst=s[:, 0:2], src=t.ap([[16, 128], [1, 2]], offset=14))
+        nisa.dma_copy(dst=out, src=s)
+        return out
+    return k
+
+
+@pytest.mark.parametrize("placed", [False, True], ids=["allocated", "address"])
+def test_ap_of_an_ap_view_addresses_the_storage(placed):
+    a = rand((128, 2, 8))
+    flat = a.reshape(128, 16)
+    want = flat[:, 1::2].copy()
+    want[:, 0:2] = -flat[:, 1:4:2]
+    np.testing.assert_array_equal(run(_ap_of_ap_kernel(placed), a), want)
+
+
+def test_ap_storage_bytes_of_a_strided_owner():
+    """The storage's bytes when its owner is strided (its elements inside a larger block):
+    a view from its first element to its last, which writes go through."""
+    from nkisim.access import _bytes_of
+    big = np.arange(64, dtype=np.float32).reshape(8, 8)
+    owner = big[:, 2:6]
+    b = _bytes_of(owner, "x")
+    assert b.dtype == np.uint8 and b.size == (7 * 8 + 3 + 1) * 4
+    np.testing.assert_array_equal(b.view(np.float32), np.arange(2, 62, dtype=np.float32))
+    b[:4] = np.frombuffer(np.float32(-1).tobytes(), np.uint8)
+    assert big[0, 2] == -1
+    with pytest.raises(NotImplementedError, match="negative strides"):
+        _bytes_of(big[::-1, 2:6], "x")
