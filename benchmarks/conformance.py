@@ -963,9 +963,12 @@ def report(title: str, results: dict) -> tuple:
     print(f"  total: {passed} passed, {failed} failed{rate}{extra}")
     weighted = weighted_rate(results)
     if weighted:
+        unknown = sorted(k for k, r in results.items() if r.passed + r.failed and not r.runnable)
+        left = (f"; left out, their process died before it recorded the sample: "
+                f"{', '.join(unknown)}" if unknown else "")
         print(f"  weighted by each file's runnable tests: {weighted[0]:.1f}% of "
               f"{weighted[1]} runnable tests in the sampled files (a sample weighs every file "
-              f"the same; this estimates the corpus's rate)")
+              f"the same; this estimates the corpus's rate){left}")
     return passed, passed + failed
 
 
