@@ -242,16 +242,28 @@ def _indirect(t, pairs, shape, strides, first, base, sdt, dt, vector_offset, ind
     for st, c in zip(strides[1:], shape[1:]):
         byte = byte[..., None] + np.arange(c) * st
     bad = (byte < 0) | (byte + isz > total)
-    if bad.any():
-        row = int(np.argwhere(bad.reshape(bad.shape[0], -1).any(axis=1))[0, 0])
-        raise nki_error("err_tensor_access_out_of_bound", name=t.name, dim=d,
-                        lo=int(idx[row]), hi=int(idx[row]), size=rshape[d])
-    if (byte % isz).any() or total % isz:
+    if (np.where(bad, 0, byte) % isz).any() or total % isz:
         raise nki_error("nkisim_unsupported", what="an unaligned indirect access",
                         why=f"offsets must be multiples of {isz} bytes")
     storage = base[lo:lo + total].view(sdt)
     w = t.root.shadow.reshape(-1) if t.root.shadow is not None and isz == rsz else None
-    return Tensor(storage, w, t.root, dt, shape, None, (byte // isz,), 0)
+    v = Tensor(storage, w, t.root, dt, shape, None, (np.where(bad, 0, byte) // isz,), 0)
+    if bad.any():
+        # Out-of-bound rows are flagged, not raised here: the DMA that moves the view raises
+        # (oob_mode.error, the default) or leaves them unmoved (oob_mode.skip): "oob_mode.skip:
+        # Silently skips any operations involving out-of-bounds indices ... when using indirect
+        # gather/scatter operations" (nki.isa.dma_copy docs, aws-neuron-sdk 1db4d74
+        # nki/api/nki/isa/__init__.py). AWS's kernels rely on it: nki-library's
+        # attention_block_tkg _update_block_cache_batched scatters K/V rows with
+        # `vector_offset=idx_tile, ..., oob_mode=oob_mode.skip  # skip writes for invalid batch
+        # (position_id = uint32_max)`, and moe_cte gathers hidden_states rows with token indices
+        # of -1 for padding under `oob_mode.skip if skip_dma.skip_token`.
+        row = int(np.argwhere(bad.reshape(bad.shape[0], -1).any(axis=1))[0, 0])
+        msg = str(nki_error("err_tensor_access_out_of_bound", name=t.name, dim=d,
+                            lo=int(idx[row]), hi=int(idx[row]), size=rshape[d]))
+        v._oob = (bad, {"indirect": f"{msg} (vector_offset row {row}; pass "
+                                    "oob_mode=nisa.oob_mode.skip to skip such rows)"})
+    return v
 
 
 def vector_select(t: Tensor, dim: int, vector_offset) -> Tensor:
