@@ -129,11 +129,12 @@ def access_pattern(t: Tensor, pattern, offset=0, scalar_offset=None, vector_offs
         p0, f0 = divmod(off * isz, row_bytes)
         inner = sum((c - 1) * s * isz for s, c in pairs[1:])
         if p0 + pairs[0][1] > P or f0 + inner + isz > row_bytes:
-            raise nki_error("nkisim_invalid_argument", api=api,
-                            why=f"pattern {[list(p) for p in pairs]} at offset {offset} reaches "
-                                f"outside `{t.name}` {list(rshape)} (partitions "
-                                f"{p0}..{p0 + pairs[0][1] - 1}, bytes {f0}..{f0 + inner + isz - 1}"
-                                f" of {row_bytes} per partition)")
+            return _unusable(t, shape, dt, 0, nki_error(
+                "nkisim_invalid_argument", api=api,
+                why=f"pattern {[list(p) for p in pairs]} at offset {offset} reaches "
+                    f"outside `{t.name}` {list(rshape)} (partitions "
+                    f"{p0}..{p0 + pairs[0][1] - 1}, bytes {f0}..{f0 + inner + isz - 1}"
+                    f" of {row_bytes} per partition)"))
         byte0 = p0 * R + f0
         strides = (R,) + tuple(s * isz for s, _ in pairs[1:])
     else:
@@ -141,9 +142,10 @@ def access_pattern(t: Tensor, pattern, offset=0, scalar_offset=None, vector_offs
         byte0 = off * isz
         ext = sum((c - 1) * s * isz for s, c in pairs)
         if byte0 + ext + isz > total:
-            raise nki_error("nkisim_invalid_argument", api=api,
-                            why=f"pattern {[list(p) for p in pairs]} at offset {offset} reaches "
-                                f"byte {byte0 + ext + isz} of `{t.name}`, which has {total}")
+            return _unusable(t, shape, dt, None, nki_error(
+                "nkisim_invalid_argument", api=api,
+                why=f"pattern {[list(p) for p in pairs]} at offset {offset} reaches "
+                    f"byte {byte0 + ext + isz} of `{t.name}`, which has {total}"))
         strides = tuple(s * isz for s, _ in pairs)
     base = _bytes_of(owner, t.name)
     first = start - _addr(owner) + byte0
@@ -172,6 +174,19 @@ def access_pattern(t: Tensor, pattern, offset=0, scalar_offset=None, vector_offs
                              else 0)
         _coarse_shadow(v)
         v._w = None
+    return v
+
+
+def _unusable(t, shape, dt, paxis, error) -> Tensor:
+    """A static pattern that reaches outside the tensor: a view every instruction that reads or
+    writes it rejects with ``error`` (nkisim.tensor._check_oob), not an error when it is made.
+    ``.ap()`` only describes an access; AWS's CI-tested output_projection_tkg.py
+    (_output_projection_tkg_transpose_out_impl, nki-library d2ad3a5) builds its ``stationary``
+    view for an h_2 index one past the end and then skips the matmul under
+    ``if h_2_idx < cfg.h_2_size`` ("the last psum tile may be 'incomplete'"), as
+    attention_block_tkg's model configs with H_actual=2880 do."""
+    v = Tensor(np.zeros(shape, dtypes.storage(dt)), None, t.root, dt, shape, paxis, None, 0)
+    v._oob = (np.ones(shape, bool), {"error": error})
     return v
 
 

@@ -270,6 +270,36 @@ def test_ap_out_of_bounds_is_an_error():
         run(_ap_kernel([[10, 6], [1, 10]], 1, (6, 10), onchip=False), rand((6, 10)))
 
 
+def _strided_columns(n_views, guard):
+    """Column j of w (128, 3) as a (128, 1) stationary, for j < n_views, each in a matmul only
+    when ``guard(j)``: AWS's output_projection_tkg makes the view of an index one past the end
+    and skips its matmul (``if h_2_idx < cfg.h_2_size``)."""
+    def k(w, x):
+        w_sb = nl.ndarray(w.shape, dtype=w.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=w_sb, src=w)
+        x_sb = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x_sb, src=x)
+        out = nl.ndarray((3, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+        for j in range(n_views):
+            st = w_sb.ap(pattern=[[3, 128], [3, 1]], offset=j)
+            if guard(j):
+                ps = nl.ndarray((1, 4), dtype=nl.float32, buffer=nl.psum)
+                nisa.nc_matmul(dst=ps, stationary=st, moving=x_sb)
+                row = nl.ndarray((1, 4), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_copy(dst=row, src=ps)
+                nisa.dma_copy(dst=out[j:j + 1, :], src=row)
+        return out
+    return k
+
+
+def test_ap_out_of_bounds_view_is_an_error_only_when_an_instruction_uses_it():
+    w, x = rand((128, 3)), rand((128, 4))
+    got = run(_strided_columns(4, lambda j: j < 3), w, x)       # view 3 is made, never used
+    np.testing.assert_allclose(got, w.T @ x, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="reaches outside `w_sb`"):
+        run(_strided_columns(4, lambda j: True), w, x)
+
+
 def test_ap_writes_land_in_the_storage():
     def k(a):
         out = nl.ndarray((128, 8), dtype=a.dtype, buffer=nl.shared_hbm)
