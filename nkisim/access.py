@@ -144,11 +144,12 @@ def access_pattern(t: Tensor, pattern, offset=0, scalar_offset=None, vector_offs
         p0, f0 = divmod(off * isz, row_bytes)
         inner = sum((c - 1) * s * isz for s, c in pairs[1:])
         if p0 + pairs[0][1] > P or f0 + inner + isz > row_bytes:
-            raise nki_error("nkisim_invalid_argument", api=api,
-                            why=f"pattern {[list(p) for p in pairs]} at offset {offset} reaches "
-                                f"outside `{t.name}` {list(rshape)} (partitions "
-                                f"{p0}..{p0 + pairs[0][1] - 1}, bytes {f0}..{f0 + inner + isz - 1}"
-                                f" of {row_bytes} per partition)")
+            return _unusable(t, shape, dt, 0, nki_error(
+                "nkisim_invalid_argument", api=api,
+                why=f"pattern {[list(p) for p in pairs]} at offset {offset} reaches "
+                    f"outside `{t.name}` {list(rshape)} (partitions "
+                    f"{p0}..{p0 + pairs[0][1] - 1}, bytes {f0}..{f0 + inner + isz - 1}"
+                    f" of {row_bytes} per partition)"))
         byte0 = p0 * R + f0
         strides = (R,) + tuple(s * isz for s, _ in pairs[1:])
     else:
@@ -156,9 +157,10 @@ def access_pattern(t: Tensor, pattern, offset=0, scalar_offset=None, vector_offs
         byte0 = off * isz
         ext = sum((c - 1) * s * isz for s, c in pairs)
         if byte0 + ext + isz > total:
-            raise nki_error("nkisim_invalid_argument", api=api,
-                            why=f"pattern {[list(p) for p in pairs]} at offset {offset} reaches "
-                                f"byte {byte0 + ext + isz} of `{t.name}`, which has {total}")
+            return _unusable(t, shape, dt, None, nki_error(
+                "nkisim_invalid_argument", api=api,
+                why=f"pattern {[list(p) for p in pairs]} at offset {offset} reaches "
+                    f"byte {byte0 + ext + isz} of `{t.name}`, which has {total}"))
         strides = tuple(s * isz for s, _ in pairs)
     base = _bytes_of(owner, t.name)
     first = start - _addr(owner) + byte0
@@ -187,6 +189,19 @@ def access_pattern(t: Tensor, pattern, offset=0, scalar_offset=None, vector_offs
                              else 0)
         _coarse_shadow(v)
         v._w = None
+    return v
+
+
+def _unusable(t, shape, dt, paxis, error) -> Tensor:
+    """A static pattern that reaches outside the tensor: a view every instruction that reads or
+    writes it rejects with ``error`` (nkisim.tensor._check_oob), not an error when it is made.
+    ``.ap()`` only describes an access; AWS's CI-tested output_projection_tkg.py
+    (_output_projection_tkg_transpose_out_impl, nki-library d2ad3a5) builds its ``stationary``
+    view for an h_2 index one past the end and then skips the matmul under
+    ``if h_2_idx < cfg.h_2_size`` ("the last psum tile may be 'incomplete'"), as
+    attention_block_tkg's model configs with H_actual=2880 do."""
+    v = Tensor(np.zeros(shape, dtypes.storage(dt)), None, t.root, dt, shape, paxis, None, 0)
+    v._oob = (np.ones(shape, bool), {"error": error})
     return v
 
 
@@ -257,16 +272,28 @@ def _indirect(t, pairs, shape, strides, first, base, sdt, dt, vector_offset, ind
     for st, c in zip(strides[1:], shape[1:]):
         byte = byte[..., None] + np.arange(c) * st
     bad = (byte < 0) | (byte + isz > total)
-    if bad.any():
-        row = int(np.argwhere(bad.reshape(bad.shape[0], -1).any(axis=1))[0, 0])
-        raise nki_error("err_tensor_access_out_of_bound", name=t.name, dim=d,
-                        lo=int(idx[row]), hi=int(idx[row]), size=rshape[d])
-    if (byte % isz).any() or total % isz:
+    if (np.where(bad, 0, byte) % isz).any() or total % isz:
         raise nki_error("nkisim_unsupported", what="an unaligned indirect access",
                         why=f"offsets must be multiples of {isz} bytes")
     storage = base[lo:lo + total].view(sdt)
     w = t.root.shadow.reshape(-1) if t.root.shadow is not None and isz == rsz else None
-    return Tensor(storage, w, t.root, dt, shape, None, (byte // isz,), 0)
+    v = Tensor(storage, w, t.root, dt, shape, None, (np.where(bad, 0, byte) // isz,), 0)
+    if bad.any():
+        # Out-of-bound rows are flagged, not raised here: the DMA that moves the view raises
+        # (oob_mode.error, the default) or leaves them unmoved (oob_mode.skip): "oob_mode.skip:
+        # Silently skips any operations involving out-of-bounds indices ... when using indirect
+        # gather/scatter operations" (nki.isa.dma_copy docs, aws-neuron-sdk 1db4d74
+        # nki/api/nki/isa/__init__.py). AWS's kernels rely on it: nki-library's
+        # attention_block_tkg _update_block_cache_batched scatters K/V rows with
+        # `vector_offset=idx_tile, ..., oob_mode=oob_mode.skip  # skip writes for invalid batch
+        # (position_id = uint32_max)`, and moe_cte gathers hidden_states rows with token indices
+        # of -1 for padding under `oob_mode.skip if skip_dma.skip_token`.
+        row = int(np.argwhere(bad.reshape(bad.shape[0], -1).any(axis=1))[0, 0])
+        msg = str(nki_error("err_tensor_access_out_of_bound", name=t.name, dim=d,
+                            lo=int(idx[row]), hi=int(idx[row]), size=rshape[d]))
+        v._oob = (bad, {"indirect": f"{msg} (vector_offset row {row}; pass "
+                                    "oob_mode=nisa.oob_mode.skip to skip such rows)"})
+    return v
 
 
 def vector_select(t: Tensor, dim: int, vector_offset) -> Tensor:

@@ -1471,6 +1471,8 @@ def _check_oob(t: Tensor, mask) -> None:
     """``err_tensor_access_out_of_bound`` unless ``mask`` excludes every out-of-bound element."""
     bad, fields = t._oob
     if mask is None or (bad & np.broadcast_to(mask, bad.shape)).any():
+        if "error" in fields:               # a static .ap() outside the tensor (nkisim.access)
+            raise fields["error"]
         if "indirect" in fields:            # a runtime index from an SBUF tile (nkisim.indirect)
             e = IndexError(fields["indirect"])
             e.nki_code = "nkisim_indirect_out_of_bound"

@@ -270,6 +270,36 @@ def test_ap_out_of_bounds_is_an_error():
         run(_ap_kernel([[10, 6], [1, 10]], 1, (6, 10), onchip=False), rand((6, 10)))
 
 
+def _strided_columns(n_views, guard):
+    """Column j of w (128, 3) as a (128, 1) stationary, for j < n_views, each in a matmul only
+    when ``guard(j)``: AWS's output_projection_tkg makes the view of an index one past the end
+    and skips its matmul (``if h_2_idx < cfg.h_2_size``)."""
+    def k(w, x):
+        w_sb = nl.ndarray(w.shape, dtype=w.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=w_sb, src=w)
+        x_sb = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=x_sb, src=x)
+        out = nl.ndarray((3, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+        for j in range(n_views):
+            st = w_sb.ap(pattern=[[3, 128], [3, 1]], offset=j)
+            if guard(j):
+                ps = nl.ndarray((1, 4), dtype=nl.float32, buffer=nl.psum)
+                nisa.nc_matmul(dst=ps, stationary=st, moving=x_sb)
+                row = nl.ndarray((1, 4), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.tensor_copy(dst=row, src=ps)
+                nisa.dma_copy(dst=out[j:j + 1, :], src=row)
+        return out
+    return k
+
+
+def test_ap_out_of_bounds_view_is_an_error_only_when_an_instruction_uses_it():
+    w, x = rand((128, 3)), rand((128, 4))
+    got = run(_strided_columns(4, lambda j: j < 3), w, x)       # view 3 is made, never used
+    np.testing.assert_allclose(got, w.T @ x, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="reaches outside `w_sb`"):
+        run(_strided_columns(4, lambda j: True), w, x)
+
+
 def test_ap_writes_land_in_the_storage():
     def k(a):
         out = nl.ndarray((128, 8), dtype=a.dtype, buffer=nl.shared_hbm)
@@ -324,6 +354,60 @@ def test_ap_vector_offset_out_of_bounds():
         return a
     with pytest.raises(IndexError, match="Out-of-bound access for tensor `a`"):
         run(k, rand((16, 8)), np.array([[1], [16]], np.int32))
+
+
+def _scatter_rows(idx, oob):
+    """Scatter row b of a (B, 8) tile to row idx[b] of a (16, 8) cache, as nki-library's
+    attention_block_tkg updates its block KV cache (uint32 max marks a batch not to write)."""
+    def k(cache, idx, vals):
+        i_sb = nl.ndarray(idx.shape, dtype=idx.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=i_sb, src=idx)
+        v_sb = nl.ndarray(vals.shape, dtype=vals.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=v_sb, src=vals)
+        B = idx.shape[0]
+        nisa.dma_copy(dst=cache.ap([[1, B], [8, 1], [1, 8]], offset=0, vector_offset=i_sb,
+                                   indirect_dim=0),
+                      src=v_sb.ap([[8, B], [8, 1], [1, 8]]), oob_mode=oob)
+        return cache
+    cache = rand((16, 8))
+    vals = rand((idx.shape[0], 8))
+    return cache, vals, nki.simulate(nki.jit(k))(cache.copy(), idx, vals)
+
+
+def test_ap_vector_offset_scatter_skips_out_of_bound_rows_with_oob_skip():
+    # uint32 max (a -1 stored as uint32) is the "skip this batch" slot of AWS's kernel
+    idx = np.array([[3], [0xFFFFFFFF], [12], [16]], np.uint32)
+    cache, vals, got = _scatter_rows(idx, nisa.oob_mode.skip)
+    want = cache.copy()
+    want[3], want[12] = vals[0], vals[2]
+    np.testing.assert_array_equal(got, want)
+
+
+def test_ap_vector_offset_scatter_out_of_bounds_is_an_error_by_default():
+    idx = np.array([[3], [0xFFFFFFFF]], np.uint32)
+    with pytest.raises(IndexError, match=r"Out-of-bound access for tensor `cache` on dimension "
+                                         r"0: index range \[4294967295, 4294967295\]"):
+        _scatter_rows(idx, nisa.oob_mode.error)
+
+
+def test_ap_vector_offset_gather_skips_negative_rows_with_oob_skip():
+    # moe_cte gathers the tokens of a block with -1 for its padding slots (oob_mode.skip):
+    # the skipped rows of the destination keep what they held (the kernel memsets them)
+    def k(a, idx):
+        i_sb = nl.ndarray((4, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=i_sb, src=idx)
+        rows = nl.ndarray((4, 8), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.memset(dst=rows, value=0)
+        nisa.dma_copy(dst=rows, src=a.ap([[8, 4], [1, 8]], offset=0, vector_offset=i_sb,
+                                         indirect_dim=0), oob_mode=nisa.oob_mode.skip)
+        out = nl.ndarray((4, 8), dtype=a.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=rows)
+        return out
+    a = rand((16, 8))
+    idx = np.array([[5], [-1], [15], [-1]], np.int32)
+    want = np.zeros((4, 8), np.float32)
+    want[0], want[2] = a[5], a[15]
+    np.testing.assert_array_equal(run(k, a, idx), want)
 
 
 # ---------------------------------------------------------------------------------------------
