@@ -1082,50 +1082,27 @@ class Tensor:
 
 
 def _fast_view(t: Tensor, key):
-    """``t[key]`` for the commonest index, in one pass (issue 12): a tuple of Python ints (loop
-    indices) and unit-step slices with int bounds, all within the shape, on an HBM tensor or on
-    a tile whose first index is a slice and which keeps two dimensions (the rules
-    ``_basic_view`` applies then change nothing). None for anything else (``_fast_key`` and
-    ``_basic_view`` then do it)."""
+    """``t[key]`` for the commonest index without the general path (issue 12): a key
+    ``_fast_key`` takes (Python ints and unit-step slices within the shape), on an HBM tensor or
+    on a tile whose first index is a slice and which keeps two dimensions (the rules
+    ``_basic_view`` applies then change nothing). None for anything else (``_basic_view`` then
+    does it)."""
     if type(key) is not tuple:
         return None
     shape = t.shape
-    if len(key) > len(shape):
+    norm = _fast_key(key, shape)
+    if norm is None:
         return None
     src = t._arr
     off = t._off
-    out = []
     nslices = 0
-    for k, size, st in zip(key, shape, src.strides):
+    for k, st in zip(norm, src.strides):
         if type(k) is slice:
-            start, stop, step = k.start, k.stop, k.step
-            if step is not None and (type(step) is not int or step != 1):
-                return None
-            if start is None:
-                start = 0
-            elif isinstance(start, int) and type(start) is not bool:
-                start = int(start)          # (an int subclass: a loop index)
-            else:
-                return None
-            if stop is None:
-                stop = size
-            elif isinstance(stop, int) and type(stop) is not bool:
-                stop = int(stop)
-            else:
-                return None
-            if start < 0 or stop > size or start > stop:
-                return None
-            out.append(slice(start, stop, 1))
-            off += start * st
+            off += k.start * st
             nslices += 1
-        elif isinstance(k, int) and type(k) is not bool:
-            k = int(k)
-            if k < 0 or k >= size:
-                return None
-            out.append(k)
-            off += k * st
         else:
-            return None
+            off += k * st
+    out = list(norm)
     paxis = t.paxis
     if paxis == 0:
         if t.root.buffer == "hbm" or not out or type(out[0]) is not slice or \

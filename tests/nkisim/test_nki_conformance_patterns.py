@@ -184,9 +184,10 @@ def test_one_input_alu_op_as_op0_is_an_abs_max():
     np.testing.assert_array_equal(amax[:, 0], np.abs(x).max(axis=1))
 
 
-def _rotate(span):
-    """A [128, 1024] fp32 PSUM tensor (two banks) filled by matmuls of ``span`` columns each,
-    then evicted (the shape of AWS's nki-library topk `rotate`, rewritten here)."""
+def _two_banks(windows):
+    """A [128, 1024] fp32 PSUM tensor (two banks) filled by one matmul per (first column,
+    columns) window, then evicted (the shape of AWS's nki-library topk `rotate`, rewritten
+    here)."""
     @nki.jit
     def kernel(w, x):
         out = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.shared_hbm)
@@ -195,8 +196,8 @@ def _rotate(span):
         nisa.dma_copy(dst=w_sb, src=w)
         nisa.dma_copy(dst=x_sb, src=x)
         ps = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.psum)
-        for i in range(1024 // span):
-            cols = nl.ds(i * span, span)
+        for first, n in windows:
+            cols = nl.ds(first, n)
             nisa.nc_matmul(ps[:, cols], w_sb, x_sb[:, cols])
         res = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.sbuf)
         nisa.tensor_copy(dst=res, src=ps)
@@ -206,31 +207,16 @@ def _rotate(span):
 
 
 def test_a_psum_tensor_spans_banks_but_each_matmul_writes_one_bank():
-    """nki 0.3+: a PSUM tensor over two banks, written one 512-column bank per matmul, is
-    valid (nkisim.context.Rules.psum_tile_spans_banks); a matmul whose 256 columns straddle
-    the bank boundary (columns 384-640) is not."""
+    """nki 0.3+: a PSUM tensor over two banks, written one 512-column bank (or half of one)
+    per matmul, is valid (nkisim.context.Rules.psum_tile_spans_banks); a matmul whose 256
+    columns straddle the bank boundary (columns 384-640) is not."""
     rng = np.random.default_rng(0)
     w = rng.standard_normal((128, 128)).astype(np.float32)
     x = rng.standard_normal((128, 1024)).astype(np.float32)
-    got = nki.simulate(_rotate(512))(w, x)
-    np.testing.assert_allclose(got, w.T @ x, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(nki.simulate(_rotate(256))(w, x), w.T @ x, rtol=1e-4,
-                               atol=1e-4)
-
-    @nki.jit
-    def straddle(w, x):
-        out = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.shared_hbm)
-        w_sb = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
-        x_sb = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=w_sb, src=w)
-        nisa.dma_copy(dst=x_sb, src=x[:, 0:256])
-        ps = nl.ndarray((128, 1024), dtype=nl.float32, buffer=nl.psum)
-        nisa.nc_matmul(ps[:, 384:640], w_sb, x_sb)
-        res = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=res, src=ps[:, 384:640])
-        nisa.dma_copy(dst=out, src=res)
-        return out
-
+    for span in (512, 256):
+        got = nki.simulate(_two_banks([(c, span) for c in range(0, 1024, span)]))(w, x)
+        np.testing.assert_allclose(got, w.T @ x, rtol=1e-4, atol=1e-4)
+    straddle = _two_banks([(0, 384), (384, 256), (640, 384)])
     with pytest.raises(ValueError, match="across a 2048 byte bank boundary"):
         nki.simulate(straddle)(w, x)
 
