@@ -42,7 +42,6 @@ from .indirect import (  # noqa: F401 - indirect_getitem: Tensor.__getitem__ (re
 )
 from .tensor import (  # noqa: F401 - re-exported buffers
     Tensor,
-    _allocate_tile,
     _free,
     _partitions,
     allocate,
@@ -178,32 +177,19 @@ def result_tile(run, shape, dtype, vals, op, engine, reads, detail, buffer=sbuf,
     ``fresh``: ``vals`` was just computed by the op and nothing else references it, so it may
     become the tile's storage without a copy (``tensor.allocate(storage=)``)."""
     storage = vals if fresh and mask is None else None
-    try:        # a tile spec this run validated before (tensor.allocate's first step, inline)
-        spec = run.alloc_specs.get((shape, dtype, id(buffer), False))
-    except TypeError:
-        spec = None
-    if spec is not None:
-        t = _allocate_tile(run, spec, name or "", None, op, mask is not None, storage, False)
-    else:
-        t = allocate(shape, dtype, buffer=buffer, name=name or "", api=op,
-                     poison=mask is not None, storage=storage)
+    t = allocate(shape, dtype, buffer=buffer, name=name or "", api=op, poison=mask is not None,
+                 storage=storage)
     root = t.root
     if storage is not None and root.adopted and run.taint is None:
         root.adopted = False   # (write's adopted-storage case, inline: nothing left to do)
     else:
         write(t, vals, op, run=run, mask=mask)
-    shape = t.shape
     if len(reads) == 2:
         regs = (region(reads[0]), region(reads[1]))
     else:
         regs = tuple([region(r) for r in reads])
-    if t.paxis == 0 and root.buffer != "hbm":
-        P = shape[0]                   # (_partitions, _free of a tile: partitions first)
-        free = builtins.max(1, math.prod(shape) // builtins.max(P, 1))
-    else:
-        P, free = _partitions(t), _free(t)
-    instr = run.record(op, engine, regs, (region(t),), dtypes.name(t.dtype), P, free, detail,
-                       (root.file, root.line))
+    instr = run.record(op, engine, regs, (region(t),), dtypes.name(t.dtype), _partitions(t),
+                       _free(t), detail, (root.file, root.line))
     t._producer = instr
     return t
 

@@ -313,58 +313,40 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
         except TypeError:
             pass
         return _allocate_tile(run, spec, name, fill, api, poison, storage, nl_api, (file, line))
+    # block dimensions before the partition axis (deprecated, warned above): stored partition
+    # first, viewed in the kernel's order, with an element-wise shadow
     phys_shape = (P,) + blocks + free
-    adopted = False
-    if storage is not None and fill is None and not poison and not paxis and \
-            dt == sdt and storage.dtype == sdt and storage.shape == phys_shape and \
-            storage.flags.c_contiguous and storage.flags.writeable:
-        arr = storage            # adopted: the instruction computed straight into the tile
-        adopted = True
-    elif fill is None:
-        arr = np.full(phys_shape, dtypes.poison(dt), dtype=sdt) if poison else \
-            np.empty(phys_shape, dtype=sdt)
-    else:
-        arr = np.full(phys_shape, fill, dtype=sdt) if dt != dtypes.TF32 else \
-            dtypes.cast(np.full(phys_shape, fill, np.float32), dt)
+    arr = _filled(phys_shape, dt, sdt, fill) if fill is not None else \
+        np.full(phys_shape, dtypes.poison(dt), dtype=sdt) if poison else \
+        np.empty(phys_shape, dtype=sdt)
     a = _new_alloc(run, buf.kind, name, dt, shape, arr, file, line)
     a.buf = buf
-    a.key = _site_key(run, buf.kind, file, line, result=not api.startswith("nl."))
+    a.key = _site_key(run, buf.kind, file, line, result=not nl_api)
     a.row_bytes = pbytes
     a.pbytes = pbytes
     a.nparts = P
     if buf.kind == "psum":
         a.banks = -(-pbytes // run.arch.psum_bank_bytes)
-    if paxis:
-        perm = tuple(range(1, paxis + 1)) + (0,) + tuple(range(paxis + 1, len(shape)))
-        arr = arr.transpose(perm)
+    perm = tuple(range(1, paxis + 1)) + (0,) + tuple(range(paxis + 1, len(shape)))
+    arr = arr.transpose(perm)
     shadow = None
-    if adopted:
-        # the instruction's values are the storage: its write (the next call, ``write(t,
-        # storage)``) only has to stamp the shadow, done here with the summaries a whole-tile
-        # write leaves (nkisim.checks.check_write), so that write returns at once
-        a.adopted = True
-    if run.checks and not paxis:
-        # A lazy shadow (nkisim.checks.LAZY): every element has the epoch ``uniform`` until a
-        # write covers part of the tile; most tiles are written whole (an instruction's result,
-        # a PSUM accumulator), so their int32-per-element shadow is never filled (issue 12).
-        a.store = arr
-        shadow = checks.LAZY
-        if adopted or fill is not None:
-            a.gen, a.full, a.uniform = 1, True, run.epoch     # written whole
-        else:
-            a.uniform = 0                                     # never written
-    elif run.checks:
-        if adopted or fill is not None:
+    if run.checks:
+        if fill is not None:
             a.shadow = np.full(shape, run.epoch, np.int32)
             a.gen, a.full, a.uniform = 1, True, run.epoch     # written whole (nkisim.checks)
         else:
             a.shadow = np.zeros(shape, np.int32) if poison else np.empty(shape, np.int32)
         shadow = a.shadow
     t = Tensor(arr, shadow, a, dt, shape, paxis, None)
-    # an instruction's result tile is provisional: `dst[...] = op(...)` retargets it (memory.py)
-    run.memory.allocate(a, t, provisional=not api.startswith("nl."))
+    run.memory.allocate(a, t)
     return t
 
+
+def _filled(phys_shape, dt, sdt, fill) -> np.ndarray:
+    """Tile storage holding ``fill`` everywhere (``nl.zeros``/``nl.full``), rounded to ``dt``."""
+    if dt == dtypes.TF32:
+        return dtypes.cast(np.full(phys_shape, fill, np.float32), dt)
+    return np.full(phys_shape, fill, dtype=sdt)
 
 
 class _TileSpec(NamedTuple):
@@ -396,8 +378,7 @@ def _allocate_tile(run, spec, name, fill, api, poison, storage, nl_api, where=No
     elif fill is None:
         arr = np.empty(phys_shape, dtype=sdt)
     else:
-        arr = np.full(phys_shape, fill, dtype=sdt) if dt != dtypes.TF32 else \
-            dtypes.cast(np.full(phys_shape, fill, np.float32), dt)
+        arr = _filled(phys_shape, dt, sdt, fill)
     kind = spec.buf.kind
     a = Allocation(kind, name, dt, spec.shape)
     if poison and fill is None and not adopted:
@@ -408,19 +389,7 @@ def _allocate_tile(run, spec, name, fill, api, poison, storage, nl_api, where=No
     a.file, a.line = file, line
     a.epoch = a.hi = epoch = run.epoch
     a.buf = spec.buf
-    # _site_key, inline (one call less per instruction; keep the two in step)
-    memory = run.memory
-    counts = memory.site_counts
-    site = (kind, file, line, epoch)
-    n = counts.get(site, 0)
-    counts[site] = n + 1
-    mb = run.multi_buffer
-    loops = run.loops
-    if mb > 1 and loops and loops[-1].kind == "affine":
-        a.key = (kind, file, line, n, loops[-1].iteration % mb) if not nl_api else \
-            (kind, file, line, n, loops[-1].iteration % mb, "decl")
-    else:
-        a.key = (kind, file, line, n)
+    a.key = _site_key(run, kind, file, line, result=not nl_api)
     a.row_bytes = a.pbytes = spec.pbytes
     if phys_shape[0] != 128:
         a.nparts = phys_shape[0]
@@ -445,8 +414,7 @@ def _allocate_tile(run, spec, name, fill, api, poison, storage, nl_api, where=No
     t = Tensor(arr, shadow, a, dt, spec.shape, 0, None)
     # its region (``_region`` of a whole tile): partitions [0, P), bytes [0, pbytes)
     t._region = Region(kind, a.key, name, 0, phys_shape[0], 0, spec.pbytes)
-    # an instruction's result tile is provisional: `dst[...] = op(...)` retargets it (memory.py)
-    memory.allocate(a, t)
+    run.memory.allocate(a, t)
     return t
 
 
