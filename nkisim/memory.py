@@ -98,7 +98,6 @@ class Memory:
         self.peak_psum = 0
         self.live = {}              # alloc id -> Allocation (reachable, in scope)
         self.site_counts = {}       # allocation-site counters (nkisim.tensor._site_key)
-        self.pending = None         # kept for callers: result tiles are no longer provisional
         self.clock = 0              # ticks at every allocation and every instruction
         self.span = {}              # alloc id -> [first touch, last touch] (clock), -1: none
         self.born = {}              # alloc id -> clock at its allocation
@@ -109,9 +108,8 @@ class Memory:
         TOUCHED.clear()
 
     # ---- allocation ----
-    def allocate(self, alloc, tensor, provisional=False) -> None:
-        """Account for a new SBUF/PSUM tensor (``provisional``: an instruction's result tile,
-        which the instruction touches at once)."""
+    def allocate(self, alloc, tensor) -> None:
+        """Account for a new SBUF/PSUM tensor."""
         run = self.run
         alloc.live = True
         self.live[alloc.id] = alloc
@@ -152,9 +150,6 @@ class Memory:
         if s is not None and s[0] < 0:
             s[0] = s[1] = self.born[alloc.id]
 
-    def commit(self) -> None:
-        """(Nothing is provisional any more: lifetimes are measured.)"""
-
     # ---- release ----
     def release(self, alloc) -> None:
         """Discard ``alloc``: a retargeted result tile never existed (not counted). Operands
@@ -165,8 +160,6 @@ class Memory:
         self.born.pop(alloc.id, None)
 
     def _free(self, alloc) -> bool:
-        if alloc is self.pending:
-            self.pending = None
         if not alloc.live:
             return False
         alloc.live = False
