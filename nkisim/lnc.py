@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import threading
 
+from .checks import settle_spmd_writes
 from .errors import nki_error
 
 # the Run fields that belong to one program instance (swapped at every switch)
@@ -95,7 +96,6 @@ class Instances:
                 while self.error is None and not all(s == "done" for s in self.state):
                     self.cv.wait()
             if self.error is None:          # the last phase ends with the launch
-                from .checks import settle_spmd_writes
                 settle_spmd_writes(run)
         except BaseException as e:      # KeyboardInterrupt in the caller's thread
             self._fail(e)
@@ -116,7 +116,6 @@ class Instances:
             self.results[i] = self.body(i)
             # its values are final: its overlapping writes are decided now, so that a grid of
             # many instances holds one instance's records at a time (checks.settle_spmd_writes)
-            from .checks import settle_spmd_writes
             settle_spmd_writes(self.run)
         except _Aborted:
             return False
@@ -261,7 +260,6 @@ class Instances:
     def _phase(self) -> None:
         """All instances met: epochs from here on are a new phase of the SPMD pseudo-loop.
         Their overlapping writes of the phase are decided now (checks.settle_spmd_writes)."""
-        from .checks import settle_spmd_writes
         settle_spmd_writes(self.run)
         lp = self.run.spmd
         if lp is not None:

@@ -230,8 +230,7 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
             name = sig_names[i] if i < len(sig_names) else f"arg{i}"
             if isinstance(a, np.ndarray) or _is_array_like(a):
                 if np.size(a) == 0:
-                    from . import errors
-                    raise errors.nki_error("nkisim_empty_tensor", what="kernel argument", name=name,
+                    raise nki_error("nkisim_empty_tensor", what="kernel argument", name=name,
                                     shape=tuple(np.shape(a)))
                 t = from_numpy(np.asarray(a), name, mutable=name in mutable)
                 t.root.buf = input_buffer
@@ -280,11 +279,9 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
             elif not np.array_equal(a, v, equal_nan=a.dtype.kind in "fc"):
                 # a read-only caller array (np.broadcast_to, a read-only view: nki-library's
                 # output_proj_tkg fp8 sweep passes one) cannot take the kernel's writes
-                from . import errors
-                raise errors.nki_error("nkisim_unsupported",
-                                       what=f"writing kernel argument `{t.root.name}`",
-                                       why="the caller's NumPy array is read-only; pass a "
-                                           "writable copy")
+                raise nki_error("nkisim_unsupported",
+                                what=f"writing kernel argument `{t.root.name}`",
+                                why="the caller's NumPy array is read-only; pass a writable copy")
         for name, t in mutables.items():
             if not writable and not any(o.root is t.root for o in outs):
                 raise nki_error("err_mutable_parameter_not_returned", name=name)
