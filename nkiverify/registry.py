@@ -635,7 +635,19 @@ def check_output(spec: KernelSpec, params, dtype, inputs: Inputs, actual, k: flo
 # `sharing(max_bytes)` raises the limit for a block (nki-verify runs a case's dialects in one
 # job, large cases included) and forgets the cases at its end.
 SHARED_BYTES = 64 << 20
-_SHARED: dict = {}         # key -> [inputs, Expected | None, bytes], oldest first
+
+
+@dataclass
+class _Case:
+    """One shared case: its inputs as drawn, what outputs are compared with, the bytes both
+    hold, and the comparisons already made (by ``_output_digest``)."""
+    inputs: Inputs
+    expected: Expected | None = None
+    nbytes: int = 0
+    comparisons: dict = field(default_factory=dict)
+
+
+_SHARED: dict = {}         # key -> _Case, oldest first
 
 
 def _case_key(spec: KernelSpec, params, dtype, seed, dist):
@@ -672,10 +684,10 @@ def _copy_inputs(inputs: Inputs) -> Inputs:
 
 
 def _evict(limit) -> None:
-    total = sum(entry[2] for entry in _SHARED.values())
+    total = sum(case.nbytes for case in _SHARED.values())
     while _SHARED and limit is not None and total > limit:
         oldest = next(iter(_SHARED))
-        total -= _SHARED.pop(oldest)[2]
+        total -= _SHARED.pop(oldest).nbytes
 
 
 class sharing:
@@ -707,12 +719,12 @@ def run_case(spec: KernelSpec | str, params: dict, dtype, backend, *, seed: int 
     if not isinstance(spec, KernelSpec):
         spec = spec_for(spec)
     key = _case_key(spec, params, dtype, seed, dist)
-    entry = _SHARED.pop(key, None) if key is not None else None
-    if entry is None:
+    case = _SHARED.pop(key, None) if key is not None else None
+    if case is None:
         inputs = spec.inputs(params, dtype, seed, dist)
-        entry = [inputs, None, _input_bytes(inputs), {}]
-    inputs = entry[0]
-    shared = key is not None and (SHARED_BYTES is None or entry[2] <= SHARED_BYTES)
+        case = _Case(inputs, nbytes=_input_bytes(inputs))
+    inputs = case.inputs
+    shared = key is not None and (SHARED_BYTES is None or case.nbytes <= SHARED_BYTES)
     kernel = spec.kernel if spec.kernel is not None else backend.load(spec.import_path)
     run_inputs = _copy_inputs(inputs) if shared else inputs
     t0 = time.perf_counter()
@@ -723,22 +735,23 @@ def run_case(spec: KernelSpec | str, params: dict, dtype, backend, *, seed: int 
         raise KernelReturnedNone(
             f"kernel {spec.label} returned None: a kernel must return its output tensor "
             "(a missing `return out`?)")
-    if entry[1] is None:
-        entry[1] = Expected(spec, dtype, inputs)
+    if case.expected is None:
+        case.expected = Expected(spec, dtype, inputs)
     # The other dialect's kernel (or a repeated example) usually returns the same bits: the
     # comparison is a function of the output, the golden and k, so it is not redone (a B=4
     # 224x224 fp32 conv2d: 0.13 s of SHA-256 instead of a 1-2 s comparison; issue 12).
     digest = _output_digest(out, k) if shared else None
-    comparison = entry[3].get(digest) if digest is not None else None
+    comparison = case.comparisons.get(digest) if digest is not None else None
     if comparison is not None:
         comparison = replace(comparison, reasons=list(comparison.reasons))
     else:
-        comparison = check_output(spec, params, dtype, inputs, out, k=k, expected=entry[1])
+        comparison = check_output(spec, params, dtype, inputs, out, k=k,
+                                  expected=case.expected)
         if digest is not None:
-            entry[3][digest] = comparison
+            case.comparisons[digest] = comparison
     if shared:
-        entry[2] = _input_bytes(inputs) + entry[1].nbytes
-        if SHARED_BYTES is None or entry[2] <= SHARED_BYTES:
-            _SHARED[key] = entry            # the newest last
+        case.nbytes = _input_bytes(inputs) + case.expected.nbytes
+        if SHARED_BYTES is None or case.nbytes <= SHARED_BYTES:
+            _SHARED[key] = case             # the newest last
             _evict(SHARED_BYTES)
     return Outcome(comparison, out, t1 - t0, time.perf_counter() - t1)
