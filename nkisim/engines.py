@@ -49,6 +49,7 @@ class engine(enum.IntEnum):
     sync = 6
 
 
+_UNKNOWN = engine.unknown
 tensor_engine = engine.tensor
 vector_engine = engine.vector
 scalar_engine = engine.scalar
@@ -287,15 +288,22 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unkn
                         params=f"data1{shape_str(a.shape)}, data2{shape_str(b.shape)}", api=api)
     if a.root.buffer == "psum" and b.root.buffer == "psum":
         raise nki_error("nkisim_both_inputs_psum", api=api)
-    eng = _engine(engine, VECTOR, api)
+    eng = VECTOR if engine is _UNKNOWN else _engine(engine, VECTOR, api)
     if eng == GPSIMD and (a.root.buffer == "psum" or b.root.buffer == "psum"):
         raise nki_error("err_unsupported_memory", param="data1", api="tensor_tensor (gpsimd)",
                         expected="sbuf", got="psum")
     bitvec = name in _BITVEC
-    va = read(a, api, run).reshape(_tile_shape(a))
-    vb = read(b, api, run).reshape(_tile_shape(b))
+    va = read(a, api, run)
+    if va.ndim < 2:                               # a partition vector (P,) is (P, 1)
+        va = va.reshape(_tile_shape(a))
+    vb = read(b, api, run)
+    if vb.ndim < 2:
+        vb = vb.reshape(_tile_shape(b))
     if not bitvec:
-        va, vb = dtypes.to_f32(va), dtypes.to_f32(vb)
+        if va.dtype is not F32:
+            va = dtypes.to_f32(va)
+        if vb.dtype is not F32:
+            vb = dtypes.to_f32(vb)
     sa, sb = va.shape, vb.shape
     if sa != sb:
         va, vb = nl.partition_vectors(va, vb)
@@ -311,8 +319,9 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unkn
                             "(or one of them broadcast along the free dimensions)") from None
     detail = _detail(a, b)
     detail["alu"] = name
-    return result_tile(run, out.shape, dtype or dtypes.promote(a.dtype, b.dtype), out, api,
-                       eng, (a, b), detail,
+    if dtype is None:
+        dtype = a.dtype if a.dtype is b.dtype else dtypes.promote(a.dtype, b.dtype)
+    return result_tile(run, out.shape, dtype, out, api, eng, (a, b), detail,
                        mask=None if mask is None else _mask(mask, out.shape), fresh=True)
 
 
