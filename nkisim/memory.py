@@ -159,6 +159,9 @@ class Memory:
             self._stamp(self.clock)
         if alloc.live:
             self._free(alloc)
+            scope = alloc.loop.scope if alloc.loop is not None else None
+            if scope and scope[-1] is alloc:
+                scope.pop()         # (nothing left for end_iteration: the commonest case)
         alloc.span = None
 
     def _free(self, alloc) -> bool:
