@@ -178,7 +178,7 @@ def result_tile(run, shape, dtype, vals, op, engine, reads, detail, buffer=sbuf,
     become the tile's storage without a copy (``tensor.allocate(storage=)``). ``site``: the
     kernel's (file, line), when the op has it."""
     if site is None:
-        site = context.caller_location()       # (from here: one frame up to the kernel)
+        site = context.caller_location()       # (the op's caller's line: the kernel's)
     storage = vals if fresh and mask is None else None
     t = allocate(shape, dtype, buffer, name or "", None, op, mask is not None, storage, run,
                  site)
