@@ -1,6 +1,6 @@
 """Interpreter overhead per instruction: nkisim minus the same NumPy operations (issue 12).
 
-Each loop runs ``--iters`` instructions (default 10,000) in one kernel on nkisim, with every check
+Each loop runs ``--iters`` instructions (default 1,000) in one kernel on nkisim, with every check
 on (``NKISIM_CHECKS`` default, ``all``) and with every check off (``none``), and the same NumPy
 operations in a tight loop (the physical limit, DESIGN.md "Keep the interpreter fast"):
 
@@ -16,12 +16,24 @@ operations in a tight loop (the physical limit, DESIGN.md "Keep the interpreter 
   body; NumPy: ``copyto(t, x)``.
 
 Timing: CPU time of this process (``time.process_time``: less sensitive to other load on a
-shared machine than wall time), BLAS single-threaded (as nkisim runs it), the variants alternated
-``--repeats`` times (default 3) and the minimum taken. The overhead of an instruction is
-``(nkisim time - NumPy time) / iterations``; it includes the loop's own per-iteration cost.
-The last line gives the ``nc_matmul`` figures, the instruction the large kernels are made of.
+shared machine than wall time), BLAS single-threaded (as nkisim runs it). The variants of an
+op (NumPy, checks on, checks off) run back to back, and the ops in turn, ``--repeats`` times
+(default 20) with ``--iters`` instructions per loop (default 1,000): many short alternating
+runs rather than a few long ones (it was 3 x 10,000; about as long in all), because the load of
+a shared machine comes and goes (NumPy's own 128x128 by 128x512 matmul swings between 230 and
+350 us from one run to the next on the 2-core host) and the minimum of each variant over more
+runs is nearer its unloaded time. A run's fixed cost (about 2 ms: the kernel's loads and
+stores, the end-of-run checks; 0.2 us per instruction at 10,000 iterations, 2 at 1,000) is
+measured by the same kernels with a one-iteration loop, in every repeat, and taken out: an
+instruction costs ``(min nkisim time - min nkisim time of the one-iteration loop) /
+(iterations - 1)`` on nkisim and ``min NumPy time / iterations`` in NumPy, and its overhead is
+the difference; it includes the loop's own per-iteration cost. The spread columns give the
+overhead measured within each repeat (from its three runs): the median and the range (min-max)
+over the repeats; a wide range means the figures were
+taken on a busy machine and only their order of magnitude counts. The last line gives the
+``nc_matmul`` figures, the instruction the large kernels are made of.
 
-    python benchmarks/interp_overhead.py [--quick] [--iters 10000] [--repeats 3]
+    python benchmarks/interp_overhead.py [--quick] [--iters 1000] [--repeats 20]
 """
 
 from __future__ import annotations
@@ -131,11 +143,13 @@ def _cpu(fn, *args):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--iters", type=int, default=None, help="instructions per loop (10000)")
-    p.add_argument("--quick", action="store_true", help="1,000 instructions per loop")
-    p.add_argument("--repeats", type=int, default=3, help="alternating runs; the min is kept")
+    p.add_argument("--iters", type=int, default=None, help="instructions per loop (1000)")
+    p.add_argument("--quick", action="store_true", help="500 instructions per loop, 6 repeats")
+    p.add_argument("--repeats", type=int, default=None,
+                   help="alternating runs (20); the min of each variant is kept")
     args = p.parse_args()
-    n = args.iters or (1000 if args.quick else 10000)
+    n = max(2, args.iters or (500 if args.quick else 1000))
+    repeats = args.repeats or (6 if args.quick else 20)
 
     import nkisim.shim
     nkisim.shim.install()
@@ -144,7 +158,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     a = rng.random((P, M), dtype=np.float32)
     b = rng.random((P, N), dtype=np.float32)
-    kernels, loops = _kernels(n), _numpy_loops(n)
+    kernels, single, loops = _kernels(n), _kernels(1), _numpy_loops(n)
     operands = {"nc_matmul": (a, b), "tensor_tensor": (b, b + 1),
                 "tensor_tensor (dst=)": (b, b + 1),
                 "dma_copy (fixed)": (b,), "dma_copy (fresh)": (b,)}
@@ -156,28 +170,38 @@ def main() -> None:
         want = _numpy_loops(3)[name](*operands[name])
         np.testing.assert_allclose(got, want, rtol=1e-5)
 
-    best = {(name, v): float("inf") for name in kernels for v in ("numpy", "all", "none")}
-    for _ in range(args.repeats):
+    variants = ("numpy", "all", "none", "all1", "none1")      # all1: one iteration
+    times = {(name, v): [] for name in kernels for v in variants}
+    for _ in range(repeats):
         for name, kernel in kernels.items():
-            for variant in ("numpy", "all", "none"):      # alternate within each repeat
+            for variant in variants:      # alternate within each repeat
                 if variant == "numpy":
                     t = _cpu(loops[name], *operands[name])
                 else:
-                    t = _cpu(functools.partial(simulate, kernel, operands[name], {},
-                                               checks_spec=variant))
-                best[name, variant] = min(best[name, variant], t)
+                    k = single[name] if variant.endswith("1") else kernel
+                    t = _cpu(functools.partial(simulate, k, operands[name], {},
+                                               checks_spec=variant.rstrip("1")))
+                times[name, variant].append(t)
 
-    us = 1e6 / n
-    print(f"{n} instructions per loop, min of {args.repeats} alternating runs, CPU time "
-          f"(us per instruction)")
+    us, us1 = 1e6 / n, 1e6 / (n - 1)
+    print(f"{n} instructions per loop, min of {repeats} alternating runs, CPU time "
+          f"(us per instruction; the one-iteration loop's time taken out)")
     print(f"{'op':<22}{'numpy':>9}{'nkisim on':>11}{'nkisim off':>12}{'overhead on':>13}"
-          f"{'overhead off':>14}")
+          f"{'overhead off':>14}   spread on: median (min-max)   off")
     over = {}
     for name in kernels:
-        t_np, t_on, t_off = (best[name, v] * us for v in ("numpy", "all", "none"))
+        best = {v: min(times[name, v]) for v in variants}
+        t_np = best["numpy"] * us
+        t_on = (best["all"] - best["all1"]) * us1
+        t_off = (best["none"] - best["none1"]) * us1
         over[name] = (t_on - t_np, t_off - t_np)
+        spread = []
+        for v in ("all", "none"):
+            per = sorted((s - s1) * us1 - q * us for s, s1, q in zip(
+                times[name, v], times[name, v + "1"], times[name, "numpy"]))
+            spread.append(f"{float(np.median(per)):6.1f} ({per[0]:.1f}-{per[-1]:.1f})")
         print(f"{name:<22}{t_np:>9.1f}{t_on:>11.1f}{t_off:>12.1f}{over[name][0]:>13.1f}"
-              f"{over[name][1]:>14.1f}")
+              f"{over[name][1]:>14.1f}   {spread[0]:<22}{spread[1]}")
     on, off = over["nc_matmul"]
     print(f"interpreter overhead: {on:.1f} us/instruction (checks on), {off:.1f} (checks off)")
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from . import errors
 from .arch import Arch, get_arch
 from .errors import _PKG_DIR, caller_location, where  # noqa: F401 - used by checks, tensor
+from .memory import TOUCHED
 from .trace import Instr, Trace
 
 # The checks nkisim runs by default; each can be turned off (NKISIM_CHECKS=-races,-uninit or
@@ -213,12 +214,18 @@ class Run:
             loops = stack[-1].key
             if stack[-1].epoch != self.epoch or len(loops) != len(stack):
                 loops = tuple((lp.id, lp.kind, lp.iteration) for lp in stack)
+        instrs = self.trace.instrs
         instr = Instr(op, engine, reads if type(reads) is tuple else tuple(reads),
                       writes if type(writes) is tuple else tuple(writes), dtype, partitions,
-                      free, detail if detail is not None else {}, loops, file, line)
-        self.trace.append(instr)
+                      free, detail if detail is not None else {}, loops, file, line,
+                      len(instrs))
+        instrs.append(instr)               # (Trace.append, inline)
         self.taint = None                  # the instruction is complete (nkisim.tensor.read)
-        self.memory.tick()                 # lifetimes of the tiles it touches (nkisim.memory)
+        # lifetimes of the tiles it touches (Memory.tick, inline: nkisim.memory)
+        memory = self.memory
+        memory.clock += 1
+        if TOUCHED:
+            memory._stamp(memory.clock)
         return instr
 
     def warn(self, key, message: str, site=None) -> None:

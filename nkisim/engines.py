@@ -49,6 +49,7 @@ class engine(enum.IntEnum):
     sync = 6
 
 
+_UNKNOWN = engine.unknown
 tensor_engine = engine.tensor
 vector_engine = engine.vector
 scalar_engine = engine.scalar
@@ -287,15 +288,22 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unkn
                         params=f"data1{shape_str(a.shape)}, data2{shape_str(b.shape)}", api=api)
     if a.root.buffer == "psum" and b.root.buffer == "psum":
         raise nki_error("nkisim_both_inputs_psum", api=api)
-    eng = _engine(engine, VECTOR, api)
+    eng = VECTOR if engine is _UNKNOWN else _engine(engine, VECTOR, api)
     if eng == GPSIMD and (a.root.buffer == "psum" or b.root.buffer == "psum"):
         raise nki_error("err_unsupported_memory", param="data1", api="tensor_tensor (gpsimd)",
                         expected="sbuf", got="psum")
     bitvec = name in _BITVEC
-    va = read(a, api, run).reshape(_tile_shape(a))
-    vb = read(b, api, run).reshape(_tile_shape(b))
+    va = read(a, api, run)
+    if va.ndim < 2:                               # a partition vector (P,) is (P, 1)
+        va = va.reshape(_tile_shape(a))
+    vb = read(b, api, run)
+    if vb.ndim < 2:
+        vb = vb.reshape(_tile_shape(b))
     if not bitvec:
-        va, vb = dtypes.to_f32(va), dtypes.to_f32(vb)
+        if va.dtype is not F32:
+            va = dtypes.to_f32(va)
+        if vb.dtype is not F32:
+            vb = dtypes.to_f32(vb)
     sa, sb = va.shape, vb.shape
     if sa != sb:
         va, vb = nl.partition_vectors(va, vb)
@@ -311,8 +319,9 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unkn
                             "(or one of them broadcast along the free dimensions)") from None
     detail = _detail(a, b)
     detail["alu"] = name
-    return result_tile(run, out.shape, dtype or dtypes.promote(a.dtype, b.dtype), out, api,
-                       eng, (a, b), detail,
+    if dtype is None:
+        dtype = a.dtype if a.dtype is b.dtype else dtypes.promote(a.dtype, b.dtype)
+    return result_tile(run, out.shape, dtype, out, api, eng, (a, b), detail,
                        mask=None if mask is None else _mask(mask, out.shape), fresh=True)
 
 
@@ -666,15 +675,19 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
                 raise nki_error("nkisim_operand_dtype", param=p, api=api,
                                 dtype=dtypes.name(t.dtype), allowed="float8_e4m3, "
                                 "float8_e5m2, bfloat16, float16, tfloat32, float32")
-    ss, ms = _tile_shape(st), _tile_shape(mv)
-    K, M = ss[0], math.prod(ss[1:])
-    N = math.prod(ms[1:])
-    if K > run.arch.pmax or M > run.arch.gemm_stationary_fmax or len(ss) > 2:
+    ss, ms = st.shape, mv.shape
+    if len(ms) < 2:
+        ms = _tile_shape(mv)
+    K = ss[0]
+    M = ss[1] if len(ss) == 2 else math.prod(ss[1:])
+    N = ms[1] if len(ms) == 2 else math.prod(ms[1:])
+    arch = run.arch
+    if K > arch.pmax or M > arch.gemm_stationary_fmax or len(ss) > 2:
         raise nki_error("nkisim_matmul_stationary_limit", name=st.name, shape=shape_str(st.shape),
-                        api=api, limit=run.arch.gemm_stationary_fmax)
-    if N > run.arch.gemm_moving_fmax:
+                        api=api, limit=arch.gemm_stationary_fmax)
+    if N > arch.gemm_moving_fmax:
         raise nki_error("nkisim_matmul_moving_limit", name=mv.name, shape=shape_str(mv.shape),
-                        api=api, free=N, limit=run.arch.gemm_moving_fmax)
+                        api=api, free=N, limit=arch.gemm_moving_fmax)
     if ms[0] != K:
         raise nki_error("nkisim_matmul_contraction_mismatch", stat=shape_str(st.shape),
                         mov=shape_str(mv.shape), api=api)
@@ -685,16 +698,20 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
         if any(int(v) % 32 for v in tuple(tile_position) + tuple(tile_size)):
             raise nki_error("nkisim_invalid_argument", api=api,
                             why="tile_position and tile_size must be multiples of 32")
+    site = context.caller_location()        # the kernel's line (for result_tile)
     a = read(st, api, run)
-    if a.dtype != F32:
+    if a.dtype is not F32:
         a = dtypes.to_f32(a)
-    a = a.reshape(K, M)
+    if a.ndim != 2:
+        a = a.reshape(K, M)
     bv = read(mv, api, run)
     if bv.ndim == 1:
         bv = bv.reshape(bv.shape[0], 1)
-    if bv.dtype != F32:
+    if bv.dtype is not F32:
         bv = dtypes.to_f32(bv)
-    if bv.ndim == 3 and bv.shape[2] >= 128 and not bv.flags.c_contiguous:
+    if bv.ndim == 2:
+        out = a.T @ bv                    # (M, N)
+    elif bv.ndim == 3 and bv.shape[2] >= 128 and not bv.flags.c_contiguous:
         # a window of rows of a wider tile (conv2d's shifted input rows): one GEMM per row
         # on the strided rows instead of copying the window first (issue 12: 5-10% of a
         # 224x224 conv2d simulation went to that copy)
@@ -708,9 +725,8 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     detail = {"K": K, "M": M, "N": N, "accumulate": False, "transpose": bool(is_transpose),
               "fp32": fp32, "flops": 0 if is_transpose else 2 * K * M * N,
               "dtype_in": dtypes.name(st.dtype)}
-    shape = out.shape
-    return result_tile(run, shape, F32, out, api, TENSOR, (st, mv), detail, buffer=nl.psum,
-                       mask=None if mask is None else _mask(mask, shape), fresh=True)
+    return result_tile(run, out.shape, F32, out, api, TENSOR, (st, mv), detail, nl.psum,
+                       None if mask is None else _mask(mask, out.shape), None, True, site)
 
 
 def _owned(out, *inputs) -> bool:

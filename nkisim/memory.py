@@ -96,38 +96,40 @@ class Memory:
         self.psum_live = 0          # banks
         self.peak_sbuf = 0          # lifetime peaks, set by finish()
         self.peak_psum = 0
-        self.live = {}              # alloc id -> Allocation (reachable, in scope)
+        # alloc id -> the _TileRef of its tensor, for the allocations reachable and in scope;
+        # an allocation being measured has ``alloc.span`` = [first touch, last touch] (clock,
+        # -1: none) and ``alloc.born`` = the clock at its allocation (attributes, not dicts
+        # keyed by id: stamped by every instruction, issue 12)
+        self.live = {}
         self.site_counts = {}       # allocation-site counters (nkisim.tensor._site_key)
         self.clock = 0              # ticks at every allocation and every instruction
-        self.span = {}              # alloc id -> [first touch, last touch] (clock), -1: none
-        self.born = {}              # alloc id -> clock at its allocation
         self.dead = []              # lifetimes: (first, last, size, buffer, site)
         self.sites = {}             # (name, shape, dtype, file, line) -> site number
         self.finished = False
-        self.refs = {}              # alloc id -> _TileRef of its tensor, while it is live
+        self._dead_cb = self._dead  # (one bound method, not one per allocation)
         TOUCHED.clear()
 
     # ---- allocation ----
     def allocate(self, alloc, tensor) -> None:
         """Account for a new SBUF/PSUM tensor."""
-        run = self.run
         alloc.live = True
-        self.live[alloc.id] = alloc
         if alloc.buffer == "sbuf":
             self.sbuf_live += alloc.pbytes
         else:
             self.psum_live += alloc.banks
-        self.clock += 1
-        self.born[alloc.id] = self.clock
-        self.span[alloc.id] = [-1, -1]
-        for lp in reversed(run.loops):
-            if lp.kind != "static":
+        self.clock = alloc.born = self.clock + 1
+        alloc.span = [-1, -1]
+        loops = self.run.loops
+        if loops:
+            lp = loops[-1]
+            if lp.kind == "static":
+                lp = next((x for x in reversed(loops) if x.kind != "static"), None)
+            if lp is not None:
                 alloc.loop = lp
                 lp.scope.append(alloc)
-                break
-        ref = _TileRef(tensor, self._dead)
+        ref = _TileRef(tensor, self._dead_cb)
         ref.alloc = alloc
-        self.refs[alloc.id] = ref
+        self.live[alloc.id] = ref
 
     def tick(self) -> None:
         """An instruction was recorded: stamp the allocations its operands touch."""
@@ -135,9 +137,8 @@ class Memory:
         self._stamp(self.clock)
 
     def _stamp(self, now) -> None:
-        span = self.span
         for root in TOUCHED:
-            s = span.get(root.id)
+            s = root.span
             if s is not None:
                 if s[0] < 0:
                     s[0] = now
@@ -146,25 +147,28 @@ class Memory:
 
     def filled(self, alloc) -> None:
         """``alloc`` holds a value since its allocation (a PSUM ``nl.zeros``: no instruction)."""
-        s = self.span.get(alloc.id)
+        s = alloc.span
         if s is not None and s[0] < 0:
-            s[0] = s[1] = self.born[alloc.id]
+            s[0] = s[1] = alloc.born
 
     # ---- release ----
     def release(self, alloc) -> None:
         """Discard ``alloc``: a retargeted result tile never existed (not counted). Operands
         described since the last instruction belong to it (``producer.writes = ...``)."""
-        self._stamp(self.clock)
-        self._free(alloc)
-        self.span.pop(alloc.id, None)
-        self.born.pop(alloc.id, None)
+        if TOUCHED:
+            self._stamp(self.clock)
+        if alloc.live:
+            self._free(alloc)
+            scope = alloc.loop.scope if alloc.loop is not None else None
+            if scope and scope[-1] is alloc:
+                scope.pop()         # (nothing left for end_iteration: the commonest case)
+        alloc.span = None
 
     def _free(self, alloc) -> bool:
         if not alloc.live:
             return False
         alloc.live = False
         self.live.pop(alloc.id, None)
-        self.refs.pop(alloc.id, None)
         if alloc.buffer == "sbuf":
             self.sbuf_live -= alloc.pbytes
         elif alloc.buffer == "psum":
@@ -178,10 +182,11 @@ class Memory:
             self._record(alloc)
 
     def _record(self, alloc) -> None:
-        first, last = self.span.pop(alloc.id, (-1, -1))
-        born = self.born.pop(alloc.id, self.clock)
+        s = alloc.span
+        alloc.span = None
+        first, last = s if s is not None else (-1, -1)
         if first < 0:
-            first = last = born         # never touched: occupies its buffer when allocated
+            first = last = alloc.born   # never touched: occupies its buffer when allocated
         dt = alloc.dtype
         dname = _DT_NAMES.get(dt)
         if dname is None:           # (np.dtype.name is a slow Python property)
@@ -197,11 +202,13 @@ class Memory:
 
     def end_iteration(self, loop) -> None:
         """The loop body's iteration ended: its tiles are out of scope."""
-        for alloc in loop.scope:
-            if alloc.live:
-                self._die(alloc)
-                alloc.live = None       # out of scope: nkisim.checks flags any later use
-        loop.scope.clear()
+        scope = loop.scope
+        if scope:
+            for alloc in scope:
+                if alloc.live:
+                    self._die(alloc)
+                    alloc.live = None       # out of scope: nkisim.checks flags any later use
+            scope.clear()
 
     # ---- the peak ----
     def _usage(self, sbuf: bool):
@@ -259,7 +266,8 @@ class Memory:
             return
         self.finished = True
         self._stamp(self.clock)
-        for alloc in list(self.live.values()):
+        for ref in list(self.live.values()):
+            alloc = ref.alloc
             self._free(alloc)
             self._record(alloc)
         run = self.run

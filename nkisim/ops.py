@@ -171,14 +171,17 @@ def _mask(mask, shape):
 
 
 def result_tile(run, shape, dtype, vals, op, engine, reads, detail, buffer=sbuf, mask=None,
-                name=None, fresh=False):
+                name=None, fresh=False, site=None):
     """Create the instruction's output tile, write ``vals``, record the instruction.
 
     ``fresh``: ``vals`` was just computed by the op and nothing else references it, so it may
-    become the tile's storage without a copy (``tensor.allocate(storage=)``)."""
+    become the tile's storage without a copy (``tensor.allocate(storage=)``). ``site``: the
+    kernel's (file, line), when the op has it."""
+    if site is None:
+        site = context.caller_location()       # (the op's caller's line: the kernel's)
     storage = vals if fresh and mask is None else None
-    t = allocate(shape, dtype, buffer=buffer, name=name or "", api=op, poison=mask is not None,
-                 storage=storage)
+    t = allocate(shape, dtype, buffer, name or "", None, op, mask is not None, storage, run,
+                 site)
     root = t.root
     if storage is not None and root.adopted and run.taint is None:
         root.adopted = False   # (write's adopted-storage case, inline: nothing left to do)
@@ -188,9 +191,13 @@ def result_tile(run, shape, dtype, vals, op, engine, reads, detail, buffer=sbuf,
         regs = (region(reads[0]), region(reads[1]))
     else:
         regs = tuple([region(r) for r in reads])
-    instr = run.record(op, engine, regs, (region(t),), dtypes.name(t.dtype), _partitions(t),
-                       _free(t), detail, (root.file, root.line))
-    t._producer = instr
+    if t.paxis == 0:            # (what _partitions and _free give for a tile, inline)
+        p = t.shape[0]
+        free = t._arr.size // p
+    else:
+        p, free = _partitions(t), _free(t)
+    t._producer = run.record(op, engine, regs, (region(t),), dtypes.name(t.dtype), p, free,
+                             detail, site)
     return t
 
 
@@ -305,17 +312,19 @@ def _loop(kind, args, make_index):
     run.loops.append(loop)
     memory = run.memory
     outer = tuple((lp.id, lp.kind, lp.iteration) for lp in run.loops[:-1])
+    epochs, lid, parent, scope = run.epochs, loop.id, loop.parent_epoch, loop.scope
     try:
         for i in r:
-            if loop.iteration >= 0:
+            if scope:                          # (tiles allocated in the previous iteration)
                 memory.end_iteration(loop)
             loop.iteration = i
-            loop.key = outer + ((loop.id, kind, i),)      # for the trace (Run.record)
-            e = run.new_epoch(loop, i)
+            loop.key = outer + ((lid, kind, i),)      # for the trace (Run.record)
+            e = run.next_epoch                 # (Run.new_epoch, inline)
+            run.next_epoch = e + 1
+            epochs[e] = (parent, lid, kind, i)
             if loop.first_epoch == 0:
                 loop.first_epoch = e
-            loop.epoch = e
-            run.epoch = e
+            loop.epoch = run.epoch = e
             yield make_index(i)
     finally:
         memory.end_iteration(loop)

@@ -12,6 +12,7 @@ real result objects (``benchmark_result.nc_latency.get_latency_percentile(p)`` i
 from __future__ import annotations
 
 import functools
+import gc
 import inspect
 import itertools
 import math
@@ -219,6 +220,16 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
     # (2 us each, several per instruction; issue 12).
     errs = np.errstate(all="ignore")
     errs.__enter__()
+    # Python's cyclic GC re-traverses every tracked object in its full collections; a run
+    # keeps ~3 per instruction (its trace) and triggers them every few thousand instructions,
+    # each walking the whole process heap as well: 5.3 us per instruction of a 10,000-
+    # instruction `acc += nc_matmul` loop, 10.7 for tensor_tensor with checks (issue 12,
+    # measured with gc.callbacks). The objects that exist before the run are frozen while it
+    # runs (cyclic garbage among them, such as an earlier run, is collected after it); not in
+    # a nested run, nor when the host froze objects itself.
+    freeze = len(context._current) == 1 and gc.get_freeze_count() == 0
+    if freeze:
+        gc.freeze()
     try:
         wrapped = []
         mutables = {}
@@ -298,6 +309,8 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
     finally:
         context.pop()
         errs.__exit__(None, None, None)
+        if freeze:
+            gc.unfreeze()
         limits.restore_original_limits()
 
 

@@ -109,42 +109,46 @@ class Allocation:
                  "mutable", "live", "pbytes", "banks", "loop", "file", "line", "direct",
                  "dtype", "shape", "epoch", "hi", "gen", "full", "uniform", "taint",
                  "adopted", "store", "buf", "base_off", "unpoisoned", "nparts", "rd", "pend",
-                 "__weakref__")
+                 "span", "born", "__weakref__")
 
-    def __init__(self, buffer, name, dtype, shape):
+    # (the fields an SBUF/PSUM tile sets are parameters: each is set once, issue 12)
+    def __init__(self, buffer, name, dtype, shape, id=0, file="", line=0, epoch=0, buf=None,
+                 key=None, pbytes=0, banks=0, nparts=128):
         self.buffer = buffer          # "hbm" | "sbuf" | "psum"
         self.name = name
         self.dtype = dtype
         self.shape = shape
-        self.id = 0
-        self.key = None
-        self.row_bytes = 0
+        self.id = id
+        self.key = key
+        self.row_bytes = pbytes
         self.p_base = 0
         self.base_off = 0             # direct allocation: byte offset of its first element
         self.shadow = None
         self.param = False
         self.mutable = False
         self.live = False
-        self.pbytes = 0
-        self.nparts = 128             # SBUF/PSUM: partitions the tile spans (nkisim.memory)
-        self.banks = 0
+        self.pbytes = pbytes
+        self.nparts = nparts          # SBUF/PSUM: partitions the tile spans (nkisim.memory)
+        self.banks = banks
         self.loop = None
-        self.file = ""
-        self.line = 0
+        self.file = file
+        self.line = line
         self.direct = False
-        self.epoch = 0                # epoch it was created in (nkisim.checks)
-        self.hi = 0                   # upper bound of the epochs in its shadow (nkisim.checks)
+        self.epoch = epoch            # epoch it was created in (nkisim.checks)
+        self.hi = epoch               # upper bound of the epochs in its shadow (nkisim.checks)
         self.gen = 0                  # number of writes (nkisim.checks)
         self.full = -1                # True once fully written, else `gen` of the last check
         self.uniform = None           # the epoch of every shadow element, when known
         self.taint = None             # the uninitialized read its never-written values came from
         self.adopted = False          # storage adopted from an instruction, not yet "written"
         self.store = None             # a lazy shadow's tile storage (see checks.LAZY)
-        self.buf = None               # the Buffer it was created in (None: by kind)
+        self.buf = buf                # the Buffer it was created in (None: by kind)
         # storage not yet filled with the poison (allocated lazily, see ``poisoned``)
         self.unpoisoned = None
         self.rd = 0                   # latest epoch it was read in, in a multi-instance launch
         self.pend = None              # program instances' pending overlapping writes (checks)
+        self.span = None              # [first, last] touch while measured (nkisim.memory)
+        self.born = 0                 # clock at its allocation (nkisim.memory)
 
 
 _ids = iter(range(1, 1 << 62))
@@ -196,31 +200,29 @@ def _site_key(run, buffer, file, line, result=False):
 
 
 def _new_alloc(run, kind, name, dtype, shape, arr, file, line):
-    a = Allocation(kind, name, dtype, shape)
-    a.id = next(_ids)
-    a.file, a.line = file, line
-    a.epoch = a.hi = run.epoch
-    return a
+    return Allocation(kind, name, dtype, shape, next(_ids), file, line, run.epoch)
 
 
 def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
-             poison=True, storage=None) -> Tensor:
+             poison=True, storage=None, run=None, where=None) -> Tensor:
     """Create a tensor (``nl.ndarray``/``zeros``/``full``...) in the current kernel.
 
     ``poison=False`` is for an instruction's result tile that is written whole right away:
     filling it with NaN first would be wasted work. ``storage``: for such a tile, an array the
     instruction just computed and nobody else references; when it already has the tile's
     storage dtype and layout it becomes the tile's storage (no copy: ``write`` then only
-    stamps the shadow), otherwise it is ignored.
+    stamps the shadow), otherwise it is ignored. ``run``, ``where``: the current run and the
+    kernel's (file, line), when the caller has them.
     """
-    run = context.current()
+    if run is None:
+        run = context.current()
     nl_api = api.startswith("nl.")
     try:        # a tile shape/dtype/buffer this run has validated before (issue 12)
         spec = run.alloc_specs.get((shape, dtype, id(buffer), nl_api))
     except TypeError:           # an unhashable shape (a list): the general path
         spec = None
     if spec is not None:
-        return _allocate_tile(run, spec, name, fill, api, poison, storage, nl_api)
+        return _allocate_tile(run, spec, name, fill, api, poison, storage, nl_api, where)
     buf = buffer_of(buffer)
     dt = dtypes.normalize(dtype)
     if dt not in dtypes.SUPPORTED:
@@ -228,7 +230,7 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
                         allowed=", ".join(sorted(dtypes.name(d) for d in dtypes.SUPPORTED)))
     orig_shape = shape
     shape, paxis = split_shape(shape)
-    file, line = context.caller_location()
+    file, line = where if where is not None else context.caller_location()
     name = name or _infer_name(file, line, f"{buf.kind}_tensor")
     sdt = dtypes.storage(dt)
     if 0 in shape:      # region arithmetic divides by the free size (issue 9: (128, 0) input)
@@ -365,41 +367,42 @@ class _TileSpec(NamedTuple):
 
 
 def _allocate_tile(run, spec, name, fill, api, poison, storage, nl_api, where=None) -> Tensor:
-    """The SBUF/PSUM part of ``allocate`` (partition axis first, automatic placement)."""
-    file, line = where if where is not None else context.caller_location()
-    name = name or _infer_name(file, line, spec.default_name)
+    """The SBUF/PSUM part of ``allocate`` (partition axis first, automatic placement).
+    ``where``: the kernel's (file, line) when the caller knows it (no frame walk)."""
+    if where is None:
+        where = context.caller_location()
+    file, line = where
+    if not name:            # (the variable's name is looked up once per source line)
+        name = _NAMES.get(where, False)
+        if not name:
+            name = spec.default_name if name is None else \
+                _infer_name(file, line, spec.default_name)
     dt, sdt, phys_shape = spec.dt, spec.sdt, spec.phys_shape
     adopted = False
     if storage is not None and fill is None and not poison and dt is sdt and \
-            storage.dtype == sdt and storage.shape == phys_shape and \
-            storage.flags.c_contiguous and storage.flags.writeable:
+            (storage.dtype is sdt or storage.dtype == sdt) and storage.shape == phys_shape:
+        flags = storage.flags
+        adopted = flags.c_contiguous and flags.writeable
+    if adopted:
         arr = storage            # adopted: the instruction computed straight into the tile
-        adopted = True
     elif fill is None:
         arr = np.empty(phys_shape, dtype=sdt)
     else:
         arr = _filled(phys_shape, dt, sdt, fill)
     kind = spec.buf.kind
-    a = Allocation(kind, name, dt, spec.shape)
-    if poison and fill is None and not adopted:
-        # poisoned lazily: at the first access that is not a whole-tile write (``poisoned``),
-        # so a tile the next instruction writes whole is never filled (issue 12)
-        a.unpoisoned = arr
-    a.id = next(_ids)
-    a.file, a.line = file, line
-    a.epoch = a.hi = epoch = run.epoch
-    a.buf = spec.buf
-    a.key = _site_key(run, kind, file, line, result=not nl_api)
-    a.row_bytes = a.pbytes = spec.pbytes
-    if phys_shape[0] != 128:
-        a.nparts = phys_shape[0]
-    if spec.banks:
-        a.banks = spec.banks
+    epoch = run.epoch
+    key = _site_key(run, kind, file, line, not nl_api)
+    a = Allocation(kind, name, dt, spec.shape, next(_ids), file, line, epoch, spec.buf, key,
+                   spec.pbytes, spec.banks, phys_shape[0])
     if adopted:
         # the instruction's values are the storage: its write (the next call, ``write(t,
         # storage)``) only has to stamp the shadow, done here with the summaries a whole-tile
         # write leaves (nkisim.checks.check_write), so that write returns at once
         a.adopted = True
+    elif poison and fill is None:
+        # poisoned lazily: at the first access that is not a whole-tile write (``poisoned``),
+        # so a tile the next instruction writes whole is never filled (issue 12)
+        a.unpoisoned = arr
     shadow = None
     if run.checks:
         # A lazy shadow (nkisim.checks.LAZY): every element has the epoch ``uniform`` until a
@@ -413,9 +416,12 @@ def _allocate_tile(run, spec, name, fill, api, poison, storage, nl_api, where=No
             a.uniform = 0                                 # never written
     t = Tensor(arr, shadow, a, dt, spec.shape, 0, None)
     # its region (``_region`` of a whole tile): partitions [0, P), bytes [0, pbytes)
-    t._region = Region(kind, a.key, name, 0, phys_shape[0], 0, spec.pbytes)
+    t._region = _new_region(Region, (kind, key, name, 0, phys_shape[0], 0, spec.pbytes))
     run.memory.allocate(a, t)
     return t
+
+
+_new_region = tuple.__new__     # Region(...) without the NamedTuple's Python-level __new__
 
 
 def _traced_base(run, buf, file, line) -> tuple:
@@ -553,7 +559,7 @@ class Tensor:
         self._ws = shadow           # the write-epoch shadow (``_w``), None, or checks.LAZY
         self.root = root
         self.dtype = dtype
-        self.shape = tuple(shape)
+        self.shape = shape if type(shape) is tuple else tuple(shape)
         self.paxis = paxis          # partition axis of this view (None: HBM or partition removed)
         self._idx = idx             # advanced index into _arr/_w, or None
         self._slots = None
@@ -1761,7 +1767,7 @@ def inplace(t: Tensor, other, opname: str) -> Tensor:
         if t.root.buffer != "psum":
             raise nki_error("err_unsupported_memory", param="dst", api="nc_matmul",
                             expected="psum", got=t.root.buffer)
-        if t.dtype != np.dtype(np.float32):
+        if t.dtype is not dtypes.F32 and t.dtype != dtypes.F32:
             run.warn(("psum_dtype", t.root.id),
                      f"PSUM accumulator `{t.name}` is {dtypes.name(t.dtype)}: matmul accumulates "
                      "in fp32 PSUM; keep accumulators float32 (CS149 forum) or every partial sum "

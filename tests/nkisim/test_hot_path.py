@@ -161,3 +161,144 @@ def test_one_pass_views_equal_the_general_path():
     # the tile keys keeping two dimensions took the one-pass path; `t[:, i, 3]` (one dimension
     # left: the tile keeps a unit one, _basic_view's rule) did not
     assert seen[:5] == [True, True, True, True, False]
+
+
+def _record(instr):
+    """The fields of a trace record the cost model and the scheduler read."""
+    return (instr.op, instr.engine, instr.reads, instr.writes, instr.dtype, instr.partitions,
+            instr.free, instr.detail, instr.loops, instr.file, instr.line)
+
+
+def test_matmul_of_2d_tiles_equals_the_general_shape_path():
+    """``nc_matmul`` of 2-D tiles (no reshape, issue 12) computes, records and accumulates what
+    the general path records for the same bytes seen as a 3-D moving tile [K, 1, N]."""
+    from nkisim.runtime import last_run
+
+    rng = np.random.default_rng(2)
+    a = rng.random((128, 96), dtype=np.float32)
+    b = rng.random((128, 200), dtype=np.float32)
+
+    def make(three_d):
+        @nki.jit
+        def kernel(a_in, b_in):
+            out = nl.ndarray((96, 200), dtype=nl.float32, buffer=nl.shared_hbm)
+            st = nl.load(a_in)
+            if three_d:
+                mv = nl.ndarray((128, 1, 200), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.dma_copy(dst=mv, src=b_in.reshape((128, 1, 200)))
+            else:
+                mv = nl.ndarray((128, 200), dtype=nl.float32, buffer=nl.sbuf)
+                nisa.dma_copy(dst=mv, src=b_in)
+            acc = nl.zeros((96, 200), nl.float32, buffer=nl.psum)
+            for _ in nl.affine_range(2):
+                acc += nisa.nc_matmul(st, mv)
+            res = nisa.nc_matmul(st, mv)                    # PSUM, [96, 200] or [96, 1, 200]
+            nl.store(out, nisa.tensor_tensor(nisa.tensor_copy(acc), res, op=nl.add))
+            return out
+        return kernel
+
+    results, traces = [], []
+    for three_d in (False, True):
+        results.append(nki.simulate_kernel(make(three_d), a, b))
+        traces.append([i for i in last_run().trace.instrs if i.op == "nc_matmul"])
+    with threadpool_limits(1, user_api="blas"):
+        want = 3 * (a.T @ b)
+    np.testing.assert_allclose(results[0], want, rtol=1e-5)
+    np.testing.assert_array_equal(results[0], results[1])
+    fast, general = traces
+    assert len(fast) == len(general) == 3
+    assert [i.detail for i in fast] == [i.detail for i in general]
+    assert [i.detail["accumulate"] for i in fast] == [True, True, False]
+    for f, g in zip(fast, general):
+        assert (f.partitions, f.free, f.dtype) == (g.partitions, g.free, g.dtype)
+        assert [r[3:] for r in f.reads + f.writes] == [r[3:] for r in g.reads + g.writes]
+
+
+def test_an_instruction_records_the_kernel_line_and_variable():
+    """The result tile's site (found once per instruction and shared by its allocation and its
+    trace record, issue 12) is the kernel's line, also through a helper and a face wrapper."""
+    import inspect
+
+    from nkisim.runtime import last_run
+
+    def helper(x):
+        return nisa.tensor_tensor(x, x, op=nl.multiply)                  # helper line
+
+    @nki.jit
+    def kernel(a_in):
+        out = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.load(a_in)
+        total = nisa.tensor_tensor(x, x, op=nl.add)                     # kernel line
+        sq = helper(total)
+        nl.store(out, sq)
+        return out
+
+    a = np.arange(128 * 8, dtype=np.float32).reshape(128, 8)
+    np.testing.assert_array_equal(nki.simulate_kernel(kernel, a), (2 * a) ** 2)
+    src, first = inspect.getsourcelines(kernel.func if hasattr(kernel, "func") else kernel)
+    kernel_line = first + next(i for i, s in enumerate(src) if "# kernel line" in s)
+    hsrc, hfirst = inspect.getsourcelines(helper)
+    helper_line = hfirst + next(i for i, s in enumerate(hsrc) if "# helper line" in s)
+    tt = [i for i in last_run().trace.instrs if i.op == "tensor_tensor"]
+    assert [(i.file, i.line) for i in tt] == [(__file__, kernel_line), (__file__, helper_line)]
+    # the result tile is named after its variable, and its buffer key is its allocation site
+    assert tt[0].writes[0].name == "total"
+    assert tt[0].writes[0].key[1:3] == (__file__, kernel_line)
+
+
+def test_tile_lifetimes_follow_the_memory_rules():
+    """Lifetimes (nkisim.memory's module doc): a tile occupies its buffer from the first
+    instruction touching it to the last; a result tile `acc +=` consumes never existed; a tile
+    no instruction touches occupies it at its allocation only. Clock: one tick per allocation
+    and per instruction."""
+    from nkisim.runtime import last_run
+
+    @nki.jit
+    def kernel(a_in):
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        x = nl.load(a_in)                                   # alloc x: 1, load: 2
+        acc = nl.zeros((128, 512), nl.float32, buffer=nl.psum)      # alloc acc: 3
+        for _ in nl.affine_range(2):
+            acc += nisa.nc_matmul(x[:, 0:128], x)           # alloc 4, mm 5; alloc 6, mm 7
+        unused = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.sbuf)   # noqa: F841 - 8
+        y = nisa.tensor_copy(acc)                           # alloc y: 9, copy: 10
+        nl.store(out, y)                                    # store: 11
+        return out
+
+    a = np.ones((128, 512), dtype=np.float32)
+    np.testing.assert_array_equal(nki.simulate_kernel(kernel, a), np.full((128, 512), 256.0))
+    mem = last_run().memory
+    names = {v: k[0] for k, v in mem.sites.items()}
+    life = sorted((names[d[4]], d[0], d[1], d[2], d[3]) for d in mem.dead)
+    assert life == [("acc", 3, 10, 1, False),      # zeros: holds its value from its allocation
+                    ("unused", 8, 8, 16, True),
+                    ("x", 2, 7, 2048, True),
+                    ("y", 10, 11, 2048, True)]
+    assert mem.clock == 11 and not mem.live
+    assert last_run().trace.peak_psum_banks == 1
+    assert last_run().trace.peak_sbuf_bytes == 2048          # x, unused, y: never together
+
+
+def test_a_run_leaves_the_garbage_collector_as_it_found_it():
+    """Objects existing before a run are frozen while it runs (issue 12), and unfrozen after,
+    also when the kernel fails."""
+    import gc
+
+    seen = []
+
+    @nki.jit
+    def kernel(a_in, fail):
+        seen.append(gc.get_freeze_count())
+        out = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, nl.load(a_in))
+        if fail:
+            raise RuntimeError("kernel bug")
+        return out
+
+    a = np.ones((128, 8), dtype=np.float32)
+    assert gc.get_freeze_count() == 0
+    nki.simulate_kernel(kernel, a, False)
+    with pytest.raises(RuntimeError, match="kernel bug"):
+        nki.simulate_kernel(kernel, a, True)
+    assert seen[0] > 0 and seen[1] > 0
+    assert gc.get_freeze_count() == 0
