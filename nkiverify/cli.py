@@ -2,12 +2,14 @@
 
     nki-verify [run] [--kernel [NAME=]PATH:FUNC ...] [--backend nkisim] [--target trn2]
                [--dtypes float16,bfloat16] [--cases PATTERN] [--quick] [-j N] [--report PATH]
+               [--timings]
         Runs every case of nkiverify/fixtures/configs.py (the course's harness configurations and
         the extras) in each of its dtypes, compares with the golden models and prints a table:
         case, dtype, result, the worst error as a fraction of the allowed error (what decides),
         max abs and rel error, max ULP (element-wise kernels only), time. ``--kernel`` runs
         your kernel instead of ours for its family (repeatable); ``-j N`` runs N cases at a
-        time in worker processes (default: the core count), same output order.
+        time in worker processes (default: the core count), same output order; ``--timings``
+        prints each run's worker, start and end, kernel and CPU seconds (the timeline).
 
     nki-verify course DIR [--quick] [-j N] [--report PATH]
         Checks an assignment checkout: finds DIR/part1/kernels.py and DIR/part2/conv2d.py, runs
@@ -216,9 +218,11 @@ def _run_one(job):
     kernel, params, dtype, seed, dist = job[:5]
     dialect = job[5] if len(job) > 5 else None
     backend = _WORKER["backend"]
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
+    # "pid", "started", "ended", "cpu_s": where and when it ran (wall clock) and its CPU time
+    # (the machine may be shared), for --timings
     result = {"passed": False, "stats": {}, "error": None, "message": None, "kernel_s": None,
-              "reduction_length": None}
+              "reduction_length": None, "pid": os.getpid(), "started": time.time()}
     try:
         spec = registry.spec_for(kernel)
         if dialect is not None:
@@ -238,6 +242,7 @@ def _run_one(job):
         result["message"] = result["error"] + "\n" + _user_traceback(exc)
         result["raised"] = True
     result["elapsed_s"] = time.perf_counter() - t0
+    result["ended"], result["cpu_s"] = time.time(), time.process_time() - cpu0
     return result
 
 
@@ -367,6 +372,37 @@ CASE_COLUMNS = ("case", "dtype", "source", "result", "err/allowed", "max abs", "
                 "max ULP", "kernel s", "total s")
 
 
+def format_timeline(results, labels, t_start, t_end, jobs_n) -> str:
+    """``--timings``: each case run's worker, start, end and seconds (kernel and the rest:
+    inputs, golden, baseline, comparison; and its CPU time), in start order, then each worker's
+    busy time and its idle time before the last worker finished (where the wall time went)."""
+    runs = [(r, label) for r, label in zip(results, labels) if r and r.get("started")]
+    runs.sort(key=lambda rl: rl[0]["started"])
+    workers = {}
+    for r, _ in runs:
+        workers.setdefault(r.get("pid"), f"w{len(workers) + 1}")
+    rows = []
+    for r, label in runs:
+        kernel = r.get("kernel_s")
+        total = r["ended"] - r["started"]
+        rows.append((workers[r.get("pid")], label, f"{r['started'] - t_start:.1f}",
+                     f"{r['ended'] - t_start:.1f}", f"{total:.2f}", _fmt(kernel, ".2f"),
+                     _fmt(None if kernel is None else total - kernel, ".2f"),
+                     _fmt(r.get("cpu_s"), ".2f")))
+    wall = t_end - t_start
+    lines = [f"timeline (-j {jobs_n}, wall {wall:.1f} s from the first case's submission):",
+             _table(("worker", "case", "start s", "end s", "total s", "kernel s", "check s",
+                     "cpu s"), rows, right_from=2)]
+    for pid, name in workers.items():
+        mine = [r for r, _ in runs if r.get("pid") == pid]
+        busy = sum(r["ended"] - r["started"] for r in mine)
+        cpu = sum(r.get("cpu_s") or 0.0 for r in mine)
+        last = max(r["ended"] for r in mine) - t_start
+        lines.append(f"{name}: {len(mine)} runs, busy {busy:.1f} s ({cpu:.1f} s CPU), last end "
+                     f"{last:.1f} s, idle {wall - busy:.1f} s")
+    return "\n".join(lines)
+
+
 def _jobs_default() -> int:
     return max(1, os.cpu_count() or 1)
 
@@ -395,7 +431,9 @@ def run_selected(selected, args, refs, *, title="nki-verify"):
     labels = [f"{case.id}{_dialect_tag(d)} {dt}" for case, dt, d in selected]
     progress = _Progress(len(selected), parallel=jobs_n > 1)
     t_start = time.perf_counter()
+    t_wall = time.time()
     results, interrupted = _run_jobs(jobs, labels, refs, backend, jobs_n, progress)
+    t_wall_end = time.time()
     if interrupted:
         print("\nnki-verify: interrupted; results so far:", file=sys.stderr)
 
@@ -427,6 +465,9 @@ def run_selected(selected, args, refs, *, title="nki-verify"):
                                                     if not_run else "")
           + f" in {time.perf_counter() - t_start:.1f} s on {backend.name} "
           f"({backend.target or 'device'})")
+    if getattr(args, "timings", False):
+        print()
+        print(format_timeline(results, labels, t_wall, t_wall_end, jobs_n))
     if args.report:
         replaced = os.path.exists(args.report)
         report.to_json(args.report)
@@ -886,6 +927,8 @@ def _parser() -> argparse.ArgumentParser:
                              f"count, here {_jobs_default()})")
         sp.add_argument("--report", metavar="PATH",
                         help="write the results as JSON (docs/report-schema.md)")
+        sp.add_argument("--timings", action="store_true",
+                        help="also print each case run's worker, start and end (the timeline)")
 
     def dialect_option(sp, choices=DIALECT_CHOICES, default="both"):
         sp.add_argument("--dialect", choices=choices, default=default,
