@@ -48,6 +48,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import ast  # noqa: E402
+import contextlib  # noqa: E402
 import fnmatch  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
@@ -228,7 +229,10 @@ def _run_one(job):
         if dialect is not None:
             spec = spec.for_dialect(dialect)
         result["reduction_length"] = int(spec.reduction_length(params))
-        outcome = registry.run_case(spec, params, dtype, backend, seed=seed, dist=dist)
+        try:
+            outcome = registry.run_case(spec, params, dtype, backend, seed=seed, dist=dist)
+        finally:       # the run's inputs and output: not kept to the next case
+            getattr(backend, "release", lambda: None)()
         comparison = outcome.comparison
         result["kernel_s"] = outcome.kernel_s
         result["passed"] = outcome.passed
@@ -256,25 +260,76 @@ def _user_traceback(exc) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-4))
 
 
+def _case_key(job):
+    """(kernel, params, dtype, seed, dist) of a job, None when unhashable."""
+    kernel, params, dtype, seed, dist = job[:5]
+    try:
+        key = (kernel, tuple(sorted(params.items())), dtype, seed, dist)
+        hash(key)
+    except (TypeError, AttributeError):
+        return None
+    return key
+
+
+def _group_key(job):
+    """The case key without the parameters its kernel's golden can share
+    (``KernelSpec.shared_golden_params``: conv2d's bias and pool size)."""
+    key = _case_key(job)
+    spec = registry.KERNELS.get(job[0])
+    if key is None or spec is None or not spec.shared_golden_params:
+        return key
+    shared = spec.shared_golden_params
+    return (key[0], tuple(kv for kv in key[1] if kv[0] not in shared)) + key[2:]
+
+
 def _groups(jobs) -> list[list[int]]:
     """The jobs' indices grouped by case (kernel, params, dtype, seed, dist), first-seen order:
     the dialects of a case run in one group, one after the other in one process, so its inputs,
-    golden and baseline are computed once (``registry.sharing``; issue 12)."""
+    golden and baseline are computed once (``registry.sharing``; issue 12). Cases with the same
+    inputs that differ only in parameters their golden can share (conv2d's bias and pool: the
+    course's three B=4 224x224 cases, fixtures ``Case.inputs_of``) are one group too, each
+    case's runs together, so the convolution is computed once (``registry.shared_goldens``)."""
     groups: dict = {}
     for i, job in enumerate(jobs):
-        kernel, params, dtype, seed, dist = job[:5]
-        try:
-            key = (kernel, tuple(sorted(params.items())), dtype, seed, dist)
-            hash(key)
-        except TypeError:
-            key = ("unshared", i)
-        groups.setdefault(key, []).append(i)
-    return list(groups.values())
+        key = _group_key(job)
+        groups.setdefault(("unshared", i) if key is None else key, []).append(i)
+    out = []
+    for group in groups.values():
+        cases: dict = {}
+        for i in group:
+            key = _case_key(jobs[i])
+            cases.setdefault(("unshared", i) if key is None else key, []).append(i)
+        out.append([i for case in cases.values() for i in case])
+    return out
 
 
-def _run_group(group_jobs):
-    with registry.sharing(max_bytes=None):     # forgotten when the group ends
-        return [_run_one(job) for job in group_jobs]
+def _cases_of(group_jobs):
+    """Consecutive runs of the same case: [(first index, last index + 1)]."""
+    bounds, start = [], 0
+    for i in range(1, len(group_jobs) + 1):
+        if i == len(group_jobs) or _case_key(group_jobs[i]) != _case_key(group_jobs[start]) \
+                or _case_key(group_jobs[i]) is None:
+            bounds.append((start, i))
+            start = i
+    return bounds
+
+
+def _run_group(group_jobs, before=None, after=None):
+    """Run a group's jobs in order: each case's runs share its inputs, golden and baseline
+    (forgotten when the case ends, so a group of cases holds one case at a time), the cases
+    of the group their golden's shared part. ``before(j)``/``after(j, result)``: progress."""
+    results = []
+    bounds = _cases_of(group_jobs)
+    with registry.shared_goldens() if len(bounds) > 1 else contextlib.nullcontext():
+        for start, end in bounds:
+            with registry.sharing(max_bytes=None):
+                for j in range(start, end):
+                    if before is not None:
+                        before(j)
+                    results.append(_run_one(group_jobs[j]))
+                    if after is not None:
+                        after(j, results[-1])
+    return results
 
 
 def _run_jobs(jobs, labels, refs, backend, jobs_n, progress):
@@ -286,12 +341,14 @@ def _run_jobs(jobs, labels, refs, backend, jobs_n, progress):
         _WORKER["backend"] = backend
         try:
             for group in groups:
-                with registry.sharing(max_bytes=None):
-                    for i in group:
-                        progress.start(i + 1, labels[i])
-                        results[i] = _run_one(jobs[i])
-                        progress.finish(i + 1, labels[i], _verdict(results[i]),
-                                        results[i]["elapsed_s"])
+                def before(j, group=group):
+                    progress.start(group[j] + 1, labels[group[j]])
+
+                def after(j, result, group=group):
+                    i = group[j]
+                    results[i] = result
+                    progress.finish(i + 1, labels[i], _verdict(result), result["elapsed_s"])
+                _run_group([jobs[i] for i in group], before, after)
         except KeyboardInterrupt:
             interrupted = True
         return results, interrupted
@@ -426,7 +483,7 @@ def run_selected(selected, args, refs, *, title="nki-verify"):
     print(f"{title}: {len(selected)} case runs on {backend.name} ({backend.target or 'device'})"
           + (f", {jobs_n} at a time" if jobs_n > 1 and len(selected) > 1 else ""),
           file=sys.stderr)
-    jobs = [(case.kernel, case.params, dt, registry.case_seed(case.id, dt), case.dist, d)
+    jobs = [(case.kernel, case.params, dt, case.seed(dt), case.dist, d)
             for case, dt, d in selected]
     labels = [f"{case.id}{_dialect_tag(d)} {dt}" for case, dt, d in selected]
     progress = _Progress(len(selected), parallel=jobs_n > 1)
@@ -447,7 +504,7 @@ def run_selected(selected, args, refs, *, title="nki-verify"):
         report.add(CaseRecord(case.kernel, dt, case.id, bool(result["passed"]), result["stats"],
                               result["elapsed_s"], backend.name, str(backend.target),
                               error=result["error"], params=dict(case.params),
-                              seed=registry.case_seed(case.id, dt), dist=case.dist,
+                              seed=case.seed(dt), dist=case.dist,
                               kernel_source=spec.source if spec else None,
                               reduction_length=result["reduction_length"],
                               dialect=d or (spec.dialect if spec else None)))
