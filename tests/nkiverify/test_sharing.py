@@ -250,3 +250,14 @@ def test_the_large_cases_draw_the_same_inputs_and_run_as_one_job():
     # one group for the three large cases, each case's two runs together, first-seen order
     assert sorted(cli._groups(jobs)) == [[0, 1, 4, 5, 6, 7], [2, 3]]
     assert cli._cases_of([jobs[i] for i in (0, 1, 4, 5, 6, 7)]) == [(0, 2), (2, 4), (4, 6)]
+    # with 2 workers no job is more than half the work: here each large case alone
+    assert sorted(cli._groups(jobs, 2)) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    # every case: two large ones share a job, the third is another (the rest is ~1.5 cases)
+    every = [(c.kernel, c.params, dt, c.seed(dt), c.dist, d)
+             for c, dt in cli._select(None, False, None) for d in ("beta1", "nki")]
+    larges = [c.params for c in (large, bias, pool2)]
+    parts = [sorted({larges.index(every[i][1]) for i in g}) for g in cli._groups(every, 2)
+             if every[g[0]][1] in larges]
+    assert sorted(parts) == [[0, 1], [2]]
+    work = [sum(cli._work(every[i]) for i in g) for g in cli._groups(every, 2)]
+    assert max(work) <= sum(work) / 2
