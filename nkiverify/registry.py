@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import time
 import zlib
 from collections.abc import Callable
@@ -158,9 +159,71 @@ def _conv_inputs(params, dtype, seed, dist):
 
 
 def _conv_golden(X, W, bias, pool_size=1):
-    from .reference.conv2d import conv2d_maxpool
+    from .reference.conv2d import conv2d, conv2d_maxpool, golden_dtype
     # float64 for fp32 kernels, float32 for 16-bit ones (reference.conv2d.golden_dtype)
-    return conv2d_maxpool(X, W, bias, pool_size=pool_size, dtype="auto")
+    if _CONV_MEMO is None:
+        return conv2d_maxpool(X, W, bias, pool_size=pool_size, dtype="auto")
+    X, W, bias = np.asarray(X), np.asarray(W), np.asarray(bias)
+    precision = golden_dtype(X, W, bias)
+    key = (_array_digest(X), _array_digest(W), precision.str)
+    entry, y = _CONV_MEMO.get("entry"), None
+    if entry is not None and entry.key == key:
+        if np.array_equal(entry.bias, bias):
+            y = entry.conv
+        elif not entry.bias.any() and sys.getrefcount(entry.conv) <= 2:
+            # conv + 0 is the bias-free sum itself (one addition of +0.0), so (conv + 0) + bias
+            # is conv + bias as reference.conv2d adds it, one rounding, the same bits. In place
+            # only when nothing else holds the array (the earlier case's golden is gone).
+            entry.conv.flags.writeable = True
+            entry.conv += np.asarray(bias, dtype=precision)[:, None, None]
+            entry.conv.flags.writeable = False
+            entry.bias, y = bias.copy(), entry.conv
+    if y is None:
+        _CONV_MEMO.pop("entry", None)           # free it before the next one is computed
+        y = conv2d(X, W, bias, pool_size=pool_size, dtype="auto")
+        y.flags.writeable = False               # a golden (pool 1: this array) is read only
+        _CONV_MEMO["entry"] = _ConvEntry(key, bias.copy(), y)
+    return conv2d_maxpool(X, W, bias, pool_size=pool_size, dtype="auto", conv=y)
+
+
+# ---- one convolution for the cases that share their inputs (issue 12) -----------------------
+# conv2d cases that differ only in the bias and the pool size draw the same inputs (fixtures:
+# Case.inputs_of; the course's three B=4 224x224 cases) and nki-verify runs them in one job:
+# inside ``shared_goldens()`` the float64 convolution before the pool (404 MB, 5.9 s of CPU for
+# B=4 256 -> 256 224x224) is computed once and each case's golden is derived from it exactly as
+# reference.conv2d would compute it: the same bias added once (with the bias-free case first,
+# in place), then that case's pool. Kept: the last one, keyed by the SHA-256 of X and W (their
+# dtype, shape and bytes) and the precision; the bias is compared element by element.
+_CONV_MEMO: dict | None = None
+
+
+@dataclass
+class _ConvEntry:
+    key: tuple
+    bias: np.ndarray
+    conv: np.ndarray
+
+
+def _array_digest(a) -> bytes:
+    import hashlib
+    h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
+    h.update(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
+    return h.digest()
+
+
+class shared_goldens:
+    """``with registry.shared_goldens():`` conv2d cases run inside the block whose inputs are
+    those of the case before (another bias or pool size) reuse its convolution; it is
+    forgotten at the block's end."""
+
+    def __enter__(self):
+        global _CONV_MEMO
+        self.saved, _CONV_MEMO = _CONV_MEMO, {}
+        return self
+
+    def __exit__(self, *exc):
+        global _CONV_MEMO
+        _CONV_MEMO = self.saved
 
 
 def _conv_baseline(X, W, bias, pool_size=1, dtype=None):
@@ -238,6 +301,9 @@ class KernelSpec:
     # (*args, dtype=, **kwargs) -> (baseline values, golden index) of a part of the output, or
     # None; see nkiverify.compare's baseline_sample
     baseline_sample: Callable | None = None
+    # parameters whose cases (with the same inputs) can share the golden's costly part inside
+    # ``shared_goldens()`` (conv2d: the bias and the pool size; nki-verify runs them in one job)
+    shared_golden_params: tuple = ()
 
     def inputs(self, params, dtype, seed=0, dist="uniform") -> Inputs:
         inputs = self.make_inputs(params, dtype_of(dtype), seed, dist)
@@ -362,7 +428,8 @@ _shipped(KernelSpec("transpose", "transpose", "nkiverify.kernels.transpose:matri
 _shipped(KernelSpec("conv2d", "conv2d", "nkiverify.kernels.conv2d:fused_conv2d_maxpool",
                     _conv_inputs, _conv_golden, _conv_baseline, _conv_reduction, _conv_scale,
                     nki_path="nkiverify.kernels.conv2d_nki:fused_conv2d_maxpool",
-                    baseline_sample=_conv_baseline_sample))
+                    baseline_sample=_conv_baseline_sample,
+                    shared_golden_params=("bias", "pool")))
 
 
 # ---- a new kernel family: the user's own golden model ---------------------------------------

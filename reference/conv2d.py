@@ -218,7 +218,7 @@ def _precision(dtype, X, W, bias):
     return dtype
 
 
-def conv2d_maxpool(X, W, bias, pool_size=1, dtype=None):
+def conv2d_maxpool(X, W, bias, pool_size=1, dtype=None, conv=None):
     """Exact conv2d + bias + max pool, in float64, from the given (already rounded) inputs.
 
     Accepts any float input dtype (float32, float16, ``ml_dtypes.bfloat16``, ...); products of
@@ -228,10 +228,23 @@ def conv2d_maxpool(X, W, bias, pool_size=1, dtype=None):
     Returns float64 of shape (B, C_out, out_h // pool_size, out_w // pool_size).
     ``dtype="auto"`` computes in ``golden_dtype(X, W, bias)`` instead (float32 for 16-bit
     inputs, which is accurate enough to judge 16-bit outputs), and returns that dtype.
+    ``conv``: ``conv2d(X, W, bias, dtype=dtype)`` computed before (cases that differ only in
+    the pool size share it): only the pool is applied (the shapes are still checked).
     """
     X, W, bias = np.asarray(X), np.asarray(W), np.asarray(bias)
     p = _check_shapes(X, W, bias, pool_size)
-    return maxpool2d(_conv2d(X, W, bias, _precision(dtype, X, W, bias)), p)
+    if conv is None:
+        conv = _conv2d(X, W, bias, _precision(dtype, X, W, bias))
+    return maxpool2d(conv, p)
+
+
+def conv2d(X, W, bias, pool_size=1, dtype=None):
+    """The convolution plus bias that ``conv2d_maxpool`` max-pools (its ``conv=``; the pool
+    size is validated against the output as there). ``dtype`` as for ``conv2d_maxpool``;
+    returns (B, C_out, out_h, out_w) in that precision."""
+    X, W, bias = np.asarray(X), np.asarray(W), np.asarray(bias)
+    _check_shapes(X, W, bias, pool_size)
+    return _conv2d(X, W, bias, _precision(dtype, X, W, bias))
 
 
 def conv2d_maxpool_scale(X, W, bias, pool_size=1, dtype=None):

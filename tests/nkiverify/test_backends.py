@@ -137,6 +137,21 @@ def test_nkisim_backend_runs_a_kernel_on_its_target():
     assert NkisimBackend(target="trn2").target == "trn2"
 
 
+def test_nkisim_backend_release_forgets_the_last_run():
+    b = NkisimBackend()
+    kernel = b.load("kernels.vector_add:vector_add_stream")
+    a = np.arange(256, dtype=np.float32)
+    b.run(kernel, a, a)
+    run = b.last_run
+    assert nkisim.runtime.last_run() is run and nkisim.runtime._as_kernel(kernel).last_run is run
+    b.release()            # nothing keeps the run's HBM tensors (the inputs, the output) alive
+    assert b.last_run is None and nkisim.runtime.last_run() is None
+    assert nkisim.runtime._as_kernel(kernel).last_run is None
+    b.release()            # twice: nothing to do
+    b.run(kernel, a, a)    # and the backend still runs
+    assert b.last_run is not None
+
+
 def test_nkisim_backend_rejects_an_unknown_target():
     with pytest.raises(ValueError, match="unknown target"):
         NkisimBackend(target="trn9")

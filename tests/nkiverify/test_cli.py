@@ -197,3 +197,35 @@ def test_console_script_entry_point():
 def test_an_exact_case_id_selects_only_that_case():
     assert [c.id for c, _ in cli._select("conv2d-large", False, None)] == ["conv2d-large"]
     assert len({c.id for c, _ in cli._select("large", False, None)}) >= 4
+
+
+def test_timings_print_each_run_with_its_worker_in_start_order():
+    # two workers (pids 7, 9); wall 10 s from t=100: w1 (pid 9, started first) is busy 4 + 5 s
+    results = [{"pid": 7, "started": 101.0, "ended": 107.0, "kernel_s": 5.0, "cpu_s": 5.5},
+               {"pid": 9, "started": 100.0, "ended": 104.0, "kernel_s": 3.0, "cpu_s": 3.9},
+               {"pid": 9, "started": 104.0, "ended": 109.0, "kernel_s": None, "cpu_s": 1.0},
+               None]                                        # not run (interrupted)
+    text = cli.format_timeline(results, ["a f32", "b f32", "c f16", "d f16"], 100.0, 110.0, 2)
+    lines = text.splitlines()
+    assert lines[0].startswith("timeline (-j 2, wall 10.0 s")
+    rows = [line.split() for line in lines[3:6]]
+    assert [r[:2] for r in rows] == [["w1", "b"], ["w2", "a"], ["w1", "c"]]
+    assert rows[0][3:] == ["0.0", "4.0", "4.00", "3.00", "1.00", "3.90"]
+    assert rows[2][6:] == ["-", "-", "1.00"]               # no kernel time: it raised
+    assert lines[6] == "w1: 2 runs, busy 9.0 s (4.9 s CPU), last end 9.0 s, idle 1.0 s"
+    assert lines[7] == "w2: 1 runs, busy 6.0 s (5.5 s CPU), last end 7.0 s, idle 4.0 s"
+    assert "d f16" not in text
+
+
+def test_timings_option_prints_the_timeline(capsys):
+    assert cli.main(["--cases", "naive-n64,stream-n384", "--dtypes", "float16", "-j", "2",
+                     "--timings"]) == 0
+    out = capsys.readouterr().out
+    timeline = out[out.index("timeline (-j 2"):].splitlines()
+    runs = [line for line in timeline[3:] if line.startswith("w") and ":" not in line[:3]]
+    assert sorted(line.split()[1] for line in runs) == sorted(
+        ["naive-n64", "naive-n64[nki]", "stream-n384", "stream-n384[nki]"])
+    assert any(line.startswith("w1: ") for line in timeline)
+    # without the option there is no timeline
+    assert cli.main(["--cases", "naive-n64", "--dtypes", "float16", "-j", "1"]) == 0
+    assert "timeline" not in capsys.readouterr().out

@@ -140,3 +140,124 @@ def test_the_conv2d_baseline_sample_is_a_band_of_the_baseline(monkeypatch):
     values, index = registry._conv_baseline_sample(*inputs.args, dtype=np.float32,
                                                    **inputs.kwargs)
     assert index[0] == slice(0, 1) and values.shape == (1, 8, 9, 4)      # the first image
+
+
+# ---- cases with the same inputs share the convolution (registry.shared_goldens) ----------------
+
+@pytest.fixture
+def conv_calls(monkeypatch):
+    """Counts the convolutions reference.conv2d computes for the registry's golden."""
+    from nkiverify.reference import conv2d as ref
+    calls, real = [], ref._conv2d
+
+    def conv2d(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(ref, "_conv2d", conv2d)
+    return calls
+
+
+# 48x48 outputs per image: the float64 golden takes the Winograd path (>= 2048 outputs)
+SHARED_CONV = {"batch": 2, "c_in": 8, "c_out": 6, "height": 50, "width": 50, "k": 3}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_cases_with_the_same_inputs_share_the_convolution_bit_for_bit(conv_calls, dtype):
+    from nkiverify.reference.conv2d import conv2d_maxpool
+    spec = registry.get("conv2d")
+    steps = [(False, 1), (True, 1), (True, 2), (True, 3)]     # the order nki-verify runs them
+    goldens, computed = [], 0
+    with registry.shared_goldens():
+        for bias, pool in steps:
+            inputs = spec.inputs({**SHARED_CONV, "bias": bias, "pool": pool}, dtype, 11)
+            before = len(conv_calls)
+            golden = spec.golden(*inputs.args, **inputs.kwargs)
+            computed += len(conv_calls) - before
+            direct = conv2d_maxpool(*inputs.args, dtype="auto", **inputs.kwargs)
+            assert golden.dtype == direct.dtype == golden_precision(dtype)
+            assert np.array_equal(golden, direct), (bias, pool)
+            # and the float64 golden is the direct float64 sum of the products (Winograd's
+            # error, a few float64 ulps of the sums, is far below fp32's half ulp 3e-8)
+            exact = direct_sum(*inputs.args, pool)
+            np.testing.assert_allclose(golden, exact, rtol=1e-13 if dtype == "float32"
+                                       else 2e-6)
+            if pool == 1:     # handed out as is: read only (a bias is added to it in place)
+                with pytest.raises(ValueError):
+                    golden[0, 0, 0, 0] = 0.0
+            goldens.append(golden.copy())
+            del golden        # the case is over (nki-verify: its runs are done)
+    # one convolution: the bias-free one, the bias added to it, the pools taken from it
+    assert computed == 1
+    # outside the block nothing is shared
+    inputs = spec.inputs({**SHARED_CONV, "bias": True, "pool": 2}, dtype, 11)
+    before = len(conv_calls)
+    assert np.array_equal(spec.golden(*inputs.args, **inputs.kwargs), goldens[2])
+    assert len(conv_calls) == before + 1
+
+
+def golden_precision(dtype):
+    return np.dtype(np.float64 if dtype == "float32" else np.float32)
+
+
+def direct_sum(X, W, bias, pool):
+    """conv2d + bias + max pool as the plain float64 sum over (ci, di, dj) (no BLAS, no
+    Winograd): the independent truth."""
+    x, w = X.astype(np.float64), W.astype(np.float64)
+    k = w.shape[2]
+    oh, ow = x.shape[2] - k + 1, x.shape[3] - k + 1
+    y = np.zeros((x.shape[0], w.shape[0], oh, ow))
+    for di in range(k):
+        for dj in range(k):
+            y += np.einsum("bchw,oc->bohw", x[:, :, di:di + oh, dj:dj + ow], w[:, :, di, dj])
+    y += bias.astype(np.float64)[:, None, None]
+    ph, pw = oh // pool, ow // pool
+    return y[..., :ph * pool, :pw * pool].reshape(*y.shape[:2], ph, pool, pw, pool).max((3, 5))
+
+
+def test_a_golden_still_held_is_not_changed_by_the_next_case(conv_calls):
+    spec = registry.get("conv2d")
+    with registry.shared_goldens():
+        plain = spec.inputs({**SHARED_CONV, "bias": False, "pool": 1}, "float32", 3)
+        first = spec.golden(*plain.args, **plain.kwargs)       # kept: no in-place bias add
+        kept = first.copy()
+        biased = spec.inputs({**SHARED_CONV, "bias": True, "pool": 1}, "float32", 3)
+        second = spec.golden(*biased.args, **biased.kwargs)
+        assert np.array_equal(first, kept) and not np.array_equal(second, first)
+        assert len(conv_calls) == 2
+        # other inputs (another seed): another convolution
+        other = spec.inputs({**SHARED_CONV, "bias": True, "pool": 1}, "float32", 4)
+        spec.golden(*other.args, **other.kwargs)
+        assert len(conv_calls) == 3
+    np.testing.assert_allclose(second, direct_sum(*biased.args, 1), rtol=1e-13)
+
+
+def test_the_large_cases_draw_the_same_inputs_and_run_as_one_job():
+    from fixtures.configs import by_id
+    from nkiverify import cli
+    large, bias, pool2 = (by_id(f"conv2d-{n}") for n in ("large", "large-bias",
+                                                         "large-bias-pool2"))
+    assert large.seed("float32") == bias.seed("float32") == pool2.seed("float32")
+    assert by_id("conv2d-perf-224").seed("float16") == by_id("conv2d-perf-224-pool2").seed(
+        "float16")
+    assert by_id("conv2d-small-c128-c128").seed("float32") != large.seed("float32")
+    small = {**large.params, "batch": 1, "c_in": 2, "c_out": 2, "height": 8, "width": 8}
+    a = registry.get("conv2d").inputs(small, "float32", large.seed("float32"))
+    b = registry.get("conv2d").inputs({**small, "bias": True, "pool": 2}, "float32",
+                                      pool2.seed("float32"))
+    assert all(np.array_equal(x, y) for x, y in zip(a.args[:2], b.args[:2]))
+    jobs = [(c.kernel, c.params, "float32", c.seed("float32"), c.dist, d)
+            for c in (pool2, by_id("conv2d-small-c128-c128"), large, bias) for d in ("beta1", "nki")]
+    # one group for the three large cases, each case's two runs together, first-seen order
+    assert sorted(cli._groups(jobs)) == [[0, 1, 4, 5, 6, 7], [2, 3]]
+    assert cli._cases_of([jobs[i] for i in (0, 1, 4, 5, 6, 7)]) == [(0, 2), (2, 4), (4, 6)]
+    # with 2 workers no job is more than half the work: here each large case alone
+    assert sorted(cli._groups(jobs, 2)) == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    # every case: two large ones share a job, the third is another (the rest is ~1.5 cases)
+    every = [(c.kernel, c.params, dt, c.seed(dt), c.dist, d)
+             for c, dt in cli._select(None, False, None) for d in ("beta1", "nki")]
+    larges = [c.params for c in (large, bias, pool2)]
+    parts = [sorted({larges.index(every[i][1]) for i in g}) for g in cli._groups(every, 2)
+             if every[g[0]][1] in larges]
+    assert sorted(parts) == [[0, 1], [2]]
+    work = [sum(cli._work(every[i]) for i in g) for g in cli._groups(every, 2)]
+    assert max(work) <= sum(work) / 2
