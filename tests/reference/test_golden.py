@@ -3,7 +3,6 @@
 import ml_dtypes
 import numpy as np
 import pytest
-import scipy.signal
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from slow_reference import conv2d_loops, maxpool_loops
@@ -88,6 +87,10 @@ def test_winograd_3x3_float64_golden_matches_loops(shape, tile_rows, monkeypatch
 
 @pytest.mark.parametrize("case", CONV_CASES[:6], ids=case_id)
 def test_conv2d_matches_scipy_correlate(case):
+    # imported here, not at the top: scipy.signal costs ~1 s of CPU to import (it parses its
+    # docstrings), paid by every process that collects this file (issue 12)
+    import scipy.signal
+
     B, C_in, C_out, H, W, K, _ = case
     X, Wt, bias = make_conv_inputs(np.random.default_rng(7), *case[:6], signed=True)
     got = conv2d_maxpool(X, Wt, bias, pool_size=1)
