@@ -152,17 +152,23 @@ def test_traced():
 '''
 
 
+# SAMPLED_FILE uses no hypothesis: without hypothesis's pytest plugin the child session does not
+# import it (nor rewrite its asserts) at the end, 2.0 -> 1.2 s of CPU per session (issue 12); the
+# flag is one of `extra`, which conformance.py passes on to pytest unchanged.
+NO_HYPOTHESIS = ["-p", "no:hypothesispytest"]
+
+
 def test_per_file_sample_is_chosen_in_the_running_process(conformance_module, tmp_path):
     """--per-file N: one pytest process per file keeps N evenly spaced tests among those not
     skipped (in collection order), and says how many it chose of how many."""
     (tmp_path / "test_sampled.py").write_text(SAMPLED_FILE)
     # 10 + 1 runnable (test_slow is the last), 2 skipped: evenly spaced 4 of 11 = 0, 2, 5, 8
-    res = conformance_module.run_pytest("x", str(tmp_path), ["test_sampled.py"], [], [],
+    res = conformance_module.run_pytest("x", str(tmp_path), ["test_sampled.py"], [], NO_HYPOTHESIS,
                                         timeout=120, sample=4)
     r = res["test_sampled.py"]
     assert (r.passed, r.failed) == (4, 0)
     assert r.sample == "4 of 11 runnable (14 collected, 1 marked trace/compile-only)"
-    res = conformance_module.run_pytest("x", str(tmp_path), ["test_sampled.py"], [], [],
+    res = conformance_module.run_pytest("x", str(tmp_path), ["test_sampled.py"], [], NO_HYPOTHESIS,
                                         timeout=120, sample=11, test_timeout=2)
     r = res["test_sampled.py"]
     assert (r.passed, r.failed) == (9, 2)        # test_many[6] and test_slow (over 2 s)
@@ -174,7 +180,7 @@ def test_per_100_grows_big_files_samples_and_the_rate_is_weighted(conformance_mo
     """--per-100 K: at least K tests per 100 runnable ones (11 runnable, K=30 -> ceil(3.3) = 4
     > --per-file 2); the weighted rate weighs each file's sample rate by its runnable tests."""
     (tmp_path / "test_sampled.py").write_text(SAMPLED_FILE.replace("time.sleep(30)", "pass"))
-    res = conformance_module.run_pytest("x", str(tmp_path), ["test_sampled.py"], [], [],
+    res = conformance_module.run_pytest("x", str(tmp_path), ["test_sampled.py"], [], NO_HYPOTHESIS,
                                         timeout=120, sample=2, per_100=30)
     r = res["test_sampled.py"]
     assert r.sample.startswith("4 of 11 runnable") and r.runnable == 11
