@@ -21,7 +21,7 @@ import sys
 import time
 
 import numpy as np
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from . import checks, context
 from .errors import nki_error
@@ -178,6 +178,19 @@ def multi_buffer_factor(flags: dict) -> int:
     return AUTO_MULTI_BUFFER
 
 
+_BLAS = [None, -1]      # the ThreadpoolController, len(sys.modules) when it was made
+
+
+def _blas_controller() -> ThreadpoolController:
+    """A ThreadpoolController, made again only when modules were imported since the last one
+    (an import may load another BLAS). Making one inspects every loaded shared library: 1.1 ms
+    per ``simulate`` in a pytest worker with scipy loaded, 2,273 calls in the test suite; the
+    limit on a cached one costs 0.04 ms (issue 12, measured by the tst5 branch)."""
+    if _BLAS[0] is None or _BLAS[1] != len(sys.modules):
+        _BLAS[0], _BLAS[1] = ThreadpoolController(), len(sys.modules)
+    return _BLAS[0]
+
+
 def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=None) -> object:
     """Run ``kernel`` on NumPy inputs; return its outputs as NumPy arrays."""
     k = _as_kernel(kernel)
@@ -214,7 +227,8 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
     # synchronization to those and thrashes a loaded machine (measured on 2 cores under load:
     # 15.6 ms per 128x128x444 fp32 matmul with 2 threads, 0.28 ms with 1). One thread while
     # simulating; NKISIM_BLAS_THREADS overrides.
-    limits = threadpool_limits(int(os.environ.get("NKISIM_BLAS_THREADS", "1")), user_api="blas")
+    limits = _blas_controller().limit(limits=int(os.environ.get("NKISIM_BLAS_THREADS", "1")),
+                                      user_api="blas")
     # The engines' numerics overflow to inf and make NaN silently, as the device does: one
     # floating-point error state for the whole run instead of an ``np.errstate`` per write
     # (2 us each, several per instruction; issue 12).

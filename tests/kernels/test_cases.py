@@ -29,7 +29,7 @@ def _case_params():
 @pytest.mark.parametrize("case, dtype", list(_case_params()))
 def test_case(case, dtype, nki_dialect, nki_verify):
     nki_verify(case.kernel, case.params, dtype, case_id=case.id,
-               seed=registry.case_seed(case.id, dtype), dist=case.dist)
+               seed=case.seed(dtype), dist=case.dist)
 
 
 def _device_spec(kernel, dialect, device):
@@ -51,7 +51,7 @@ def _perf_params():
 @pytest.mark.parametrize("case, dtype", list(_perf_params()))
 def test_performance(case, dtype, nki_dialect, nki_device):
     spec = _device_spec(case.kernel, nki_dialect, nki_device)
-    inputs = spec.inputs(case.params, dtype, seed=registry.case_seed(case.id, dtype))
+    inputs = spec.inputs(case.params, dtype, seed=case.seed(dtype))
     kernel = nki_device.load(spec.import_path)
     p99_us = nki_device.benchmark(kernel, inputs.args, inputs.kwargs, warmup=5, iters=20)
     relaxed, optimized = THRESHOLDS_US[(dtype, case.params["height"])]

@@ -302,3 +302,31 @@ def test_a_run_leaves_the_garbage_collector_as_it_found_it():
         nki.simulate_kernel(kernel, a, True)
     assert seen[0] > 0 and seen[1] > 0
     assert gc.get_freeze_count() == 0
+
+
+def test_blas_runs_single_threaded_while_simulating_and_is_restored():
+    """The run limits BLAS to one thread through a cached ThreadpoolController (issue 12: a new
+    controller per simulate cost 1.1 ms); the limit holds inside the kernel, also for a BLAS
+    loaded after the first run, and the host's threads come back afterwards."""
+    from threadpoolctl import threadpool_info
+
+    def blas_threads():
+        return sorted({i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"})
+
+    seen = []
+
+    @nki.jit(mode="simulation")
+    def kernel(a):
+        seen.append(blas_threads())
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        nl.store(out, nl.load(a))
+        return out
+
+    a = np.ones((4, 4), np.float32)
+    with threadpool_limits(2, user_api="blas"):
+        before = blas_threads()
+        for _ in range(2):
+            np.testing.assert_array_equal(kernel(a), a)
+        after = blas_threads()
+    assert seen == [[1], [1]]
+    assert after == before

@@ -246,7 +246,8 @@ def test_the_large_cases_draw_the_same_inputs_and_run_as_one_job():
                                       pool2.seed("float32"))
     assert all(np.array_equal(x, y) for x, y in zip(a.args[:2], b.args[:2]))
     jobs = [(c.kernel, c.params, "float32", c.seed("float32"), c.dist, d)
-            for c in (pool2, by_id("conv2d-small-c128-c128"), large, bias) for d in ("beta1", "nki")]
+            for c in (pool2, by_id("conv2d-small-c128-c128"), large, bias)
+            for d in ("beta1", "nki")]
     # one group for the three large cases, each case's two runs together, first-seen order
     assert sorted(cli._groups(jobs)) == [[0, 1, 4, 5, 6, 7], [2, 3]]
     assert cli._cases_of([jobs[i] for i in (0, 1, 4, 5, 6, 7)]) == [(0, 2), (2, 4), (4, 6)]
