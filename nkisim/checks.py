@@ -162,15 +162,26 @@ def _epoch_cell(epoch):
 
 
 def materialize(root) -> None:
-    """Give a lazy root its element-wise shadow (all ``root.uniform``)."""
+    """Give a lazy root its element-wise shadow (all ``root.uniform``, or its boxes')."""
     if root.shadow is None and root.store is not None:
-        root.shadow = np.full(root.shape, root.uniform, np.int32)
+        bs = root.boxes
+        if bs is None:
+            root.shadow = np.full(root.shape, root.uniform, np.int32)
+            return
+        store = root.store
+        sh = np.full(store.shape, bs.base, np.int32)
+        for box, e in bs.items:
+            sh[tuple([slice(lo, hi) for lo, hi in box])] = e
+        root.boxes = None
+        root.shadow = sh.reshape(root.shape)
 
 
 def lazy_view(t):
     """The shadow of view ``t`` of a lazy root: a broadcast of the root's epoch, or once
     materialized the view of ``root.shadow`` at the view's place in the storage."""
     root = t.root
+    if root.boxes is not None:      # element-wise epochs wanted: give up the boxes
+        materialize(root)
     shadow = root.shadow
     arr = t._arr
     if shadow is None:           # every element has the root's epoch: a read-only broadcast
@@ -182,6 +193,176 @@ def lazy_view(t):
                    strides=tuple(st // item * 4 for st in arr.strides))
     t._ws = w                  # the shadow exists now: the view keeps its own
     return w
+
+
+# ---------------------------------------------------------------------------------------------
+# box shadows
+#
+# A lazy root written in parts keeps its epochs as *boxes* while every write is a box of its
+# storage (``a[:, ci, :, :]``, ``ot[:, co, r:r + nr, :]``: basic views with unit steps, the
+# writes of real kernels): disjoint boxes, each with the epoch of its last write, and ``base``,
+# the epoch of the elements in none (the root's ``uniform`` before). A check then decides from
+# the few boxes a view meets instead of scanning an int32 per element (issue 12); any access
+# that is not a box (a mask, an advanced index, another element size), and any race or
+# uninitialized element found (the messages name element regions), materializes the
+# element-wise shadow the boxes stand for, and the general path takes over.
+
+MAX_BOXES = 64      # more boxes than that: the element-wise shadow is cheaper to scan
+
+
+class BoxShadow:
+    """The write epochs of a lazy root as disjoint boxes (see above)."""
+
+    __slots__ = ("base", "items", "vol", "size")
+
+    def __init__(self, base, size):
+        self.base = base        # epoch of the elements in no box
+        self.items = []         # [(box, epoch)]; box: ((lo, hi), ...) per storage dimension
+        self.vol = 0            # elements in the boxes
+        self.size = size        # elements of the root
+
+
+def _addr(a) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def view_box(t):
+    """The elements of view ``t`` as a box of its root's storage (``((lo, hi), ...)`` per
+    storage dimension), or None when they are not one (a strided, transposed or merged view,
+    an advanced index, another element size) or the root has no lazy storage."""
+    root = t.root
+    store = root.store
+    arr = t._arr
+    if store is None or arr is None or t._idx is not None:
+        return None
+    item = store.itemsize
+    if arr.itemsize != item:
+        return None
+    off = _addr(arr) - _addr(store)
+    if off < 0 or off % item:
+        return None
+    off //= item
+    shape = store.shape
+    # the first element's coordinates (the storage is C-contiguous) and each storage
+    # dimension's element stride
+    coords = [0] * len(shape)
+    dim_of = {}
+    es = 1
+    for j in range(len(shape) - 1, -1, -1):
+        n = shape[j]
+        if n > 1:
+            dim_of[es] = j
+        coords[j] = off // es % n if n else 0
+        es *= n
+    if off >= es:
+        return None
+    ext = [1] * len(shape)
+    for n, st in zip(arr.shape, arr.strides):
+        if n == 1:
+            continue
+        if n == 0 or st <= 0 or st % item:
+            return None
+        j = dim_of.get(st // item)
+        if j is None or ext[j] != 1 or coords[j] + n > shape[j]:
+            return None
+        ext[j] = n
+    return tuple([(c, c + n) for c, n in zip(coords, ext)])
+
+
+def _box_size(box) -> int:
+    v = 1
+    for lo, hi in box:
+        v *= hi - lo
+    return v
+
+
+def to_boxes(root) -> None:
+    """A lazy root (every element ``root.uniform``) about to be written in part: box mode."""
+    root.boxes = BoxShadow(root.uniform, root.store.size)
+    root.uniform = None
+
+
+def box_epochs(bs, box):
+    """(epochs, covered): the epochs of the elements of ``box`` (with repeats), and whether
+    every element of it is in some box (else ``bs.base`` is among the epochs)."""
+    eps = []
+    vol = 0
+    for b, e in bs.items:
+        v = 1
+        for (l, h), (L, H) in zip(b, box):
+            lo = l if l > L else L
+            hi = h if h < H else H
+            if hi <= lo:
+                break
+            v *= hi - lo
+        else:
+            eps.append(e)
+            vol += v
+    covered = vol == _box_size(box)
+    if not covered:
+        eps.append(bs.base)
+    return eps, covered
+
+
+def _subtract(b, box):
+    """The parts of box ``b`` outside ``box`` (which meets it), as disjoint boxes."""
+    out = []
+    rest = list(b)
+    for j, ((l, h), (L, H)) in enumerate(zip(b, box)):
+        if l < L:
+            piece = list(rest)
+            piece[j] = (l, L)
+            out.append(tuple(piece))
+        if H < h:
+            piece = list(rest)
+            piece[j] = (H, h)
+            out.append(tuple(piece))
+        rest[j] = (max(l, L), min(h, H))
+    return out
+
+
+def stamp_box(root, box, epoch) -> None:
+    """Record a write of ``box`` at ``epoch`` in the root's boxes (the element-wise shadow
+    instead once there would be too many)."""
+    bs = root.boxes
+    items = []
+    vol = 0
+    for b, e in bs.items:
+        for (l, h), (L, H) in zip(b, box):
+            if h <= L or H <= l:
+                items.append((b, e))        # disjoint: kept
+                vol += _box_size(b)
+                break
+        else:
+            for piece in _subtract(b, box):  # overwritten in part (or whole: no piece)
+                items.append((piece, e))
+                vol += _box_size(piece)
+    items.append((box, epoch))
+    bs.items = items
+    bs.vol = vol + _box_size(box)
+    if len(items) > MAX_BOXES:
+        materialize(root)
+    elif bs.vol == bs.size or bs.base > 0:
+        root.full = True
+
+
+def _box_decides(run, t, racy, uninit) -> bool:
+    """True when the boxes of ``t``'s root show that reading view ``t`` is fine (no
+    uninitialized element if ``uninit``, no race with the ``racy`` loops); False when the
+    general path must decide (and name what it finds)."""
+    box = view_box(t)
+    if box is None:
+        return False
+    eps, covered = box_epochs(t.root.boxes, box)
+    lo = min(eps)
+    if uninit and lo == 0:
+        return False
+    return not racy or lo >= run.epoch or _no_race_in(run, eps, racy)
+
+
+def _no_race_in(run, eps, racy) -> bool:
+    """No epoch of ``eps`` (a list) belongs to an earlier iteration of a ``racy`` loop."""
+    return _find_race(run, np.array(eps), min(eps), max(eps), racy) is None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -347,6 +528,8 @@ def check_read(run, t, api: str, accumulate: bool = False, uninit: bool = True) 
     if not racy and (not uninit or root.full is True or
                      (root.uniform is not None and root.uniform > 0)):
         return                                  # (the summaries decide: no shadow needed)
+    if root.boxes is not None and _box_decides(run, t, racy, uninit):
+        return                                  # (the boxes decide)
     w = shadow_view(t)
     if not w.size:
         return
@@ -388,9 +571,13 @@ def check_write(run, t, api: str, accumulate: bool, same_values=None, view=None,
     racy = _racy_loops(run, root)
     if racy:
         u = root.uniform
+        box = view_box(t) if root.boxes is not None else None
         if u is not None and t.size:
             # one epoch everywhere: _find_race decides from it alone (no shadow view)
             w, lo, hi = None, u, u
+        elif box is not None and t.size and _no_race_in(run, box_epochs(root.boxes, box)[0],
+                                                        racy):
+            w, lo, hi = None, epoch, epoch      # the boxes show no race
         else:
             w = shadow_view(t)
             lo, hi = _bounds(t, w) if w.size else (epoch, epoch)
@@ -438,6 +625,7 @@ def check_write(run, t, api: str, accumulate: bool, same_values=None, view=None,
     if covers:
         root.full = True
         root.uniform = epoch
+        root.boxes = None
     elif root.uniform != epoch:
         root.uniform = None
     return False
@@ -550,11 +738,15 @@ def check_outputs(run, outputs) -> None:
     if not outputs_check and "uninit" not in run.checks:
         return
     for t in outputs:
-        if t._w is None or t.root.param:
+        if t._ws is None or t.root.param:
             continue
         origin = getattr(t.root, "taint", None)     # stored from never-written memory
         if origin is None and not outputs_check:
             continue
+        root = t.root
+        if root.shadow is None and (root.uniform or (root.boxes is not None and (
+                root.boxes.base or root.boxes.vol == root.boxes.size))):
+            continue                # every element written (the summaries say so)
         w = shadow_view(t)
         unwritten = w == 0
         if not unwritten.any():

@@ -109,7 +109,7 @@ class Allocation:
                  "mutable", "live", "pbytes", "banks", "loop", "file", "line", "direct",
                  "dtype", "shape", "epoch", "hi", "gen", "full", "uniform", "taint",
                  "adopted", "store", "buf", "base_off", "unpoisoned", "nparts", "rd", "pend",
-                 "__weakref__")
+                 "boxes", "__weakref__")
 
     def __init__(self, buffer, name, dtype, shape):
         self.buffer = buffer          # "hbm" | "sbuf" | "psum"
@@ -140,6 +140,7 @@ class Allocation:
         self.taint = None             # the uninitialized read its never-written values came from
         self.adopted = False          # storage adopted from an instruction, not yet "written"
         self.store = None             # a lazy shadow's tile storage (see checks.LAZY)
+        self.boxes = None             # a lazy shadow written in parts (checks.BoxShadow)
         self.buf = None               # the Buffer it was created in (None: by kind)
         # storage not yet filled with the poison (allocated lazily, see ``poisoned``)
         self.unpoisoned = None
@@ -1534,9 +1535,15 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
     elif t._mask is not None:
         t._mask = None
     lazy = t._ws is checks.LAZY and root.shadow is None
+    box = None
     if lazy and (mask is not None or not checks._covers(t)):
-        checks.materialize(root)          # a partial write: element-wise epochs from now on
-        lazy = False
+        # a partial write: its box in the root's boxes, else element-wise epochs from now on
+        box = checks.view_box(t) if mask is None else None
+        if box is None:
+            checks.materialize(root)
+            lazy = False
+        elif root.boxes is None:
+            checks.to_boxes(root)
     keep = False      # True: an accumulation keeps its group's first epoch (nkisim.checks)
     if t._ws is not None:
         keep = checks.check_write(run, t if mask is None else _masked_shadow_view(t, t._mask,
@@ -1545,6 +1552,8 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
                                   same_values=lambda: _same_values(t, vals, mask, add),
                                   view=t if add is None and vals is not None else None,
                                   values_of=values)
+        if lazy and root.shadow is not None:
+            lazy = False                  # the checks materialized the boxes
     dt = t.dtype
     if dt == dtypes.TF32 or (dt.kind in "iub" and np.asarray(vals).dtype.kind == "f"):
         vals = dtypes.cast(vals, dt)
@@ -1574,7 +1583,9 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
         else:
             sel = tuple(np.broadcast_to(i, t.shape)[m] for i in _full_idx(idx, t))
             t._arr[sel] = v[m]
-    if t._ws is not None and not keep and not lazy:     # (lazy: check_write set `uniform`)
+    if lazy and box is not None and not keep:
+        checks.stamp_box(root, box, run.epoch)
+    elif t._ws is not None and not keep and not lazy:   # (lazy: check_write set `uniform`)
         if mask is None:
             if idx is None:
                 t._w[...] = run.epoch
