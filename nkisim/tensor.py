@@ -252,8 +252,14 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
         a = _new_alloc(run, "hbm", name, dt, shape, arr, file, line)
         a.key = ("hbm", a.id)
         a.buf = buf
-        a.shadow = np.zeros(shape, np.int32) if run.checks else None
-        t = Tensor(arr, a.shadow, a, dt, shape, None, None)
+        shadow = None
+        if run.checks:
+            # a lazy shadow (nkisim.checks.LAZY), never written: an output written in boxes
+            # (one store per tile) never gets an int32 per element (issue 12)
+            a.store = arr
+            a.uniform = 0
+            shadow = checks.LAZY
+        t = Tensor(arr, shadow, a, dt, shape, None, None)
         if buf.shared:
             run.shared_hbm.append(t)
             run.shared_hbm_cursor = len(run.shared_hbm)
