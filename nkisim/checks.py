@@ -54,6 +54,7 @@ import re
 
 import numpy as np
 
+from . import dtypes
 from .context import caller_location, where
 from .errors import nki_error, shape_str
 
@@ -169,6 +170,7 @@ def materialize(root) -> None:
             root.shadow = np.full(root.shape, root.uniform, np.int32)
             return
         store = root.store
+        poison_unwritten(root)      # (the boxes say which elements keep the poison)
         sh = np.full(store.shape, bs.base, np.int32)
         for box, e in bs.items:
             sh[tuple([slice(lo, hi) for lo, hi in box])] = e
@@ -340,10 +342,45 @@ def stamp_box(root, box, epoch) -> None:
     items.append((box, epoch))
     bs.items = items
     bs.vol = vol + _box_size(box)
+    if bs.vol == bs.size:
+        root.unpoisoned = None      # every element written: none keeps the poison
     if len(items) > MAX_BOXES:
         materialize(root)
     elif bs.vol == bs.size or bs.base > 0:
         root.full = True
+
+
+def _meets(a, b) -> bool:
+    for (l, h), (L, H) in zip(a, b):
+        if h <= L or H <= l:
+            return False
+    return True
+
+
+def unwritten_boxes(root) -> list:
+    """The elements of a box-mode root in none of its boxes, as disjoint boxes."""
+    rest = [tuple((0, n) for n in root.store.shape)]
+    for b, _e in root.boxes.items:
+        rest = [p for r in rest for p in (_subtract(r, b) if _meets(r, b) else (r,))]
+    return rest
+
+
+def poison_unwritten(root) -> None:
+    """A lazily poisoned tile written in boxes (``nkisim.tensor.poisoned``): the poison into
+    the elements no box covers, the only ones that never held a written value."""
+    arr = root.unpoisoned
+    if arr is None or root.boxes is None:
+        return
+    root.unpoisoned = None
+    p = dtypes.poison(root.dtype)
+    for box in unwritten_boxes(root):
+        arr[tuple([slice(lo, hi) for lo, hi in box])] = p
+
+
+def view_written(t) -> bool:
+    """Every element of view ``t`` of a box-mode root is in a box (was written)."""
+    box = view_box(t)
+    return box is not None and box_epochs(t.root.boxes, box)[1]
 
 
 def _box_decides(run, t, racy, uninit) -> bool:

@@ -1172,14 +1172,18 @@ def poisoned(root: Allocation) -> None:
     NaN for floats, ``dtypes.poison``) before anything reads it or writes part of it."""
     arr = root.unpoisoned
     if arr is not None:
+        if root.boxes is not None:
+            checks.poison_unwritten(root)     # written in boxes: the rest only
+            return
         root.unpoisoned = None
         arr.fill(dtypes.poison(root.dtype))
 
 
 def values(t: Tensor) -> np.ndarray:
     """The raw stored values of a view (no checks)."""
-    if t.root.unpoisoned is not None:
-        poisoned(t.root)
+    root = t.root
+    if root.unpoisoned is not None and (root.boxes is None or not checks.view_written(t)):
+        poisoned(root)        # (a view of written boxes holds no poison: nothing to fill yet)
     if t._slots is not None:
         raise nki_error("err_failed_to_infer_tile_from_local_tensor", name=t.name)
     if t._idx is None:
@@ -1571,8 +1575,10 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
                 arr is unp or (arr.size == unp.size and arr.flags.c_contiguous and
                                _addr(arr) == _addr(unp))):
             root.unpoisoned = None        # written whole: no element keeps the poison
-        else:
+        elif not (lazy and box is not None):
             poisoned(root)
+        # (a box of a root written in boxes: the poison goes into the elements no box covers
+        # when something reads them, ``poisoned``, or never if boxes cover the whole tile)
     # (overflow to inf / NaN is silent: the run's np.errstate, nkisim.runtime.simulate)
     if add is not None:
         np.add(t._arr, add, out=t._arr)

@@ -193,7 +193,7 @@ def test_box_epochs_equal_an_element_shadow(writes, queries, base):
     holds: the same epochs in every box a check asks about, the same coverage."""
     store = np.zeros(SHAPE, np.float32)
     root = SimpleNamespace(store=store, shadow=None, uniform=base, boxes=None, shape=SHAPE,
-                           full=-1)
+                           full=-1, unpoisoned=None)
     checks.to_boxes(root)
     ref = np.full(SHAPE, base, np.int32)
     written = np.zeros(SHAPE, bool)
