@@ -406,15 +406,6 @@ def _no_race_in(run, eps, racy) -> bool:
 # loops
 
 
-def _parallel_loops(run):
-    """The active loops whose iterations are unordered: the SPMD grid, then ``affine_range``
-    loops, outermost first."""
-    loops = [lp for lp in run.loops if lp.kind == "affine"]
-    if run.spmd is not None:
-        loops.insert(0, run.spmd)
-    return loops
-
-
 def _iteration_of(run, epoch: int, loop) -> object:
     """The iteration of ``loop`` in which ``epoch`` ran (walks the epoch's parent chain)."""
     epochs = run.epochs
@@ -477,23 +468,47 @@ def _scope_error(run, t):
 
 
 def _racy_loops(run, root):
-    """The active parallel loops whose earlier iterations may have written ``root``.
+    """The active parallel loops whose earlier iterations may have written ``root``: the
+    SPMD grid first, then ``affine_range`` loops, outermost first.
 
     Every epoch in ``root``'s shadow is 0 or lies in ``[root.epoch, root.hi]`` (a tensor is
     written in the context that created it or in loops started later), so only loops whose
-    ``[first_epoch, epoch)`` meets that interval need an element-wise look.
+    ``[first_epoch, epoch)`` meets that interval need an element-wise look. The loops of the
+    stack are nested, so both their ``epoch`` and their ``first_epoch`` grow from the outermost
+    to the innermost: those loops are a slice of them.
     """
     epoch = run.epoch
     if epoch == 1 or "races" not in run.checks:
         return ()
-    cache = run.par_cache          # the loop stack only changes with the epoch
+    cache = run.par_cache          # the affine loops only change with the loop stack
     if cache[0] != epoch:
-        cache = run.par_cache = (epoch, tuple(_parallel_loops(run)))
+        loops = run.loops
+        key = (loops[-1] if loops else None, len(loops))
+        if len(cache) < 3 or cache[2] != key:
+            cache = (epoch, tuple([lp for lp in loops if lp.kind == "affine"]), key)
+        else:
+            cache = (epoch, cache[1], key)
+        run.par_cache = cache
     pl = cache[1]
     a, h = root.epoch, root.hi
+    sp = run.spmd
+    if sp is not None and a < sp.epoch and h >= sp.first_epoch:
+        return (sp,) + _nested_slice(pl, a, h)
+    return _nested_slice(pl, a, h)
+
+
+def _nested_slice(pl, a, h):
+    """The loops of ``pl`` (nested, outermost first) with ``a < epoch`` and
+    ``h >= first_epoch``."""
     if not pl or a >= pl[-1].epoch or h < pl[0].first_epoch:
         return ()
-    return [lp for lp in pl if a < lp.epoch and h >= lp.first_epoch]
+    i = 0
+    while pl[i].epoch <= a:             # (pl[-1].epoch > a: stops)
+        i += 1
+    j = len(pl)
+    while pl[j - 1].first_epoch > h:    # (pl[0].first_epoch <= h: stops)
+        j -= 1
+    return pl[i:j] if i < j else ()
 
 
 def _covers(t) -> bool:

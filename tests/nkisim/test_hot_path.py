@@ -303,3 +303,32 @@ def test_checks_decide_the_same_with_boxes_as_with_element_shadows(ops):
         without = _outcome(ops, a)
     assert with_boxes == without
     event(with_boxes[0] if with_boxes[0] == "ok" else with_boxes[1])
+
+
+@settings(max_examples=300, deadline=None)
+@given(iters=st.lists(st.tuples(st.sampled_from(["affine", "sequential", "static"]),
+                                st.integers(0, 3), st.integers(1, 4)), max_size=6),
+       spmd=st.booleans(), a=st.integers(0, 40), span=st.integers(0, 40))
+def test_racy_loops_are_the_loops_the_rule_names(iters, spmd, a, span):
+    """``_racy_loops`` (a slice of the nested loops, cached per loop stack) is the rule's
+    list: the SPMD grid and the affine loops, outermost first, with ``[first_epoch, epoch)``
+    meeting ``[root.epoch, root.hi]``."""
+    from nkisim.context import Loop
+    epoch = 2
+    grid = None
+    if spmd:
+        grid = Loop(id=99, kind="spmd", file="", line=0, first_epoch=2, epoch=2 + a % 3)
+        epoch = grid.epoch + 1
+    loops = []
+    for n, (kind, skip, it) in enumerate(iters):
+        first = epoch + skip                 # the loop starts after its parent's iteration
+        loops.append(Loop(id=n, kind=kind, file="", line=0, first_epoch=first,
+                          epoch=first + it))
+        epoch = first + it + 1
+    run = SimpleNamespace(epoch=epoch, checks=frozenset({"races"}), loops=loops, spmd=grid,
+                          par_cache=(0, ()))
+    root = SimpleNamespace(epoch=a, hi=a + span)
+    want = [lp for lp in ([grid] if grid else []) + [lp for lp in loops if lp.kind == "affine"]
+            if a < lp.epoch and a + span >= lp.first_epoch]
+    assert list(checks._racy_loops(run, root)) == want
+    assert list(checks._racy_loops(run, root)) == want          # from the cache
