@@ -224,14 +224,11 @@ class BoxShadow:
         self.size = size        # elements of the root
 
 
-def _addr(a) -> int:
-    return a.__array_interface__["data"][0]
-
-
 def view_box(t):
     """The elements of view ``t`` as a box of its root's storage (``((lo, hi), ...)`` per
     storage dimension), or None when they are not one (a strided, transposed or merged view,
-    an advanced index, another element size) or the root has no lazy storage."""
+    an advanced index, another element size) or the root has no lazy storage. The view's
+    place is its byte offset ``t._off`` in the storage (what its region is computed from)."""
     root = t.root
     store = root.store
     arr = t._arr
@@ -240,35 +237,51 @@ def view_box(t):
     item = store.itemsize
     if arr.itemsize != item:
         return None
-    off = _addr(arr) - _addr(store)
-    if off < 0 or off % item:
-        return None
-    off //= item
+    off, rem = divmod(t._off, item)
     shape = store.shape
-    # the first element's coordinates (the storage is C-contiguous) and each storage
-    # dimension's element stride
-    coords = [0] * len(shape)
-    dim_of = {}
-    es = 1
-    for j in range(len(shape) - 1, -1, -1):
-        n = shape[j]
-        if n > 1:
-            dim_of[es] = j
-        coords[j] = off // es % n if n else 0
-        es *= n
-    if off >= es:
+    geo = _GEOMETRY.get(shape)
+    if geo is None:
+        geo = _geometry(shape)
+    es, dim_of, size = geo
+    if rem or off < 0 or off >= size:
         return None
-    ext = [1] * len(shape)
+    coords = [off // s % n for s, n in zip(es, shape)]
+    ends = list(coords)
     for n, st in zip(arr.shape, arr.strides):
         if n == 1:
             continue
         if n == 0 or st <= 0 or st % item:
             return None
         j = dim_of.get(st // item)
-        if j is None or ext[j] != 1 or coords[j] + n > shape[j]:
+        if j is None or ends[j] != coords[j]:
             return None
-        ext[j] = n
-    return tuple([(c, c + n) for c, n in zip(coords, ext)])
+        ends[j] += n
+        if ends[j] > shape[j]:
+            return None
+    for j, n in enumerate(ends):
+        if n == coords[j]:
+            ends[j] = n + 1
+    return tuple(zip(coords, ends))
+
+
+_GEOMETRY: dict = {}
+
+
+def _geometry(shape):
+    """(element stride per dimension, {stride: dimension} of the dimensions longer than 1,
+    elements) of a C-contiguous array of ``shape``."""
+    es = [0] * len(shape)
+    dim_of = {}
+    s = 1
+    for j in range(len(shape) - 1, -1, -1):
+        es[j] = s
+        if shape[j] > 1:
+            dim_of[s] = j
+        s *= shape[j]
+    if len(_GEOMETRY) > 1024:
+        _GEOMETRY.clear()
+    geo = _GEOMETRY[shape] = (tuple(es), dim_of, s)
+    return geo
 
 
 def _box_size(box) -> int:

@@ -14,7 +14,7 @@ from threadpoolctl import threadpool_limits
 from nkisim import beta1 as nki
 from nkisim.beta1 import isa as nisa
 from nkisim.beta1 import language as nl
-from nkisim.tensor import _copy
+from nkisim.tensor import _addr, _copy
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -228,7 +228,8 @@ def test_view_box_is_exactly_the_views_elements(key, transpose):
     arr = store[k + (Ellipsis,)]
     if transpose:
         arr = arr.T
-    t = SimpleNamespace(root=SimpleNamespace(store=store), _arr=arr, _idx=None)
+    t = SimpleNamespace(root=SimpleNamespace(store=store), _arr=arr, _idx=None,
+                        _off=_addr(arr) - _addr(store))
     box = checks.view_box(t)
     mark = np.zeros(store.shape, bool)
     mark[k] = True                           # the elements the view touches
@@ -297,7 +298,17 @@ def test_checks_decide_the_same_with_boxes_as_with_element_shadows(ops):
     warnings) with box shadows is the one of element-wise shadows from the first partial
     write (``view_box`` finding no box: the general path)."""
     a = np.arange(128 * 4 * 16, dtype=np.float32).reshape(128, 4, 16)
-    with_boxes = _outcome(ops, a)
+    view_box = checks.view_box
+
+    def checked_view_box(t):
+        # view_box places a view by its byte offset ``_off``: it must be the view's place
+        if t.root.store is not None and t._arr is not None:
+            assert t._off == _addr(t._arr) - _addr(t.root.store)
+        return view_box(t)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(checks, "view_box", checked_view_box)
+        with_boxes = _outcome(ops, a)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(checks, "view_box", lambda t: None)
         without = _outcome(ops, a)
