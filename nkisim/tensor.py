@@ -1575,10 +1575,10 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
                 arr is unp or (arr.size == unp.size and arr.flags.c_contiguous and
                                _addr(arr) == _addr(unp))):
             root.unpoisoned = None        # written whole: no element keeps the poison
-        elif not (lazy and box is not None):
-            poisoned(root)
-        # (a box of a root written in boxes: the poison goes into the elements no box covers
-        # when something reads them, ``poisoned``, or never if boxes cover the whole tile)
+        elif not (lazy and box is not None and add is None):
+            poisoned(root)    # (of a root written in boxes: the elements no box covers)
+        # (a box of a root written in boxes, not read: the poison goes into the elements no
+        # box covers when something reads them, ``poisoned``, or never if boxes cover the tile)
     # (overflow to inf / NaN is silent: the run's np.errstate, nkisim.runtime.simulate)
     if add is not None:
         np.add(t._arr, add, out=t._arr)

@@ -343,3 +343,30 @@ def test_racy_loops_are_the_loops_the_rule_names(iters, spmd, a, span):
             if a < lp.epoch and a + span >= lp.first_epoch]
     assert list(checks._racy_loops(run, root)) == want
     assert list(checks._racy_loops(run, root)) == want          # from the cache
+
+
+def test_an_add_onto_an_unwritten_box_adds_to_the_poison():
+    """A tile written in boxes defers its poison (``tensor.poisoned``); an in-place add
+    (``write(add=)``, the PSUM accumulation's path) onto a box no write covered must still add
+    to the poison, as on the general path, not to whatever the fresh storage held."""
+    from nkisim.tensor import write
+
+    a = np.ones((128, 2, 8), dtype=np.float32)
+
+    @nki.jit
+    def kernel(a_in):
+        out = nl.ndarray((128, 2, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 2, 8), dtype=nl.float32, buffer=nl.sbuf)
+        t[:, 0, :] = nl.load(a_in[:, 0, :])             # a box: the poison is deferred
+        write(t[:, 1, :], None, "nc_matmul", accumulate=True,
+              add=np.full((128, 8), 2.0, np.float32))
+        nisa.dma_copy(src=t, dst=out)
+        return out
+
+    for box in (True, False):
+        with pytest.MonkeyPatch.context() as mp:
+            if not box:
+                mp.setattr(checks, "view_box", lambda t: None)
+            out = nki.simulate_kernel(kernel, a)
+        np.testing.assert_array_equal(out[:, 0], 1.0)
+        assert np.isnan(out[:, 1]).all()
