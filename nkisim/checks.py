@@ -37,8 +37,10 @@ They read the per-element shadow of every tensor: the epoch of its last write (`
   upper bound of its shadow's epochs, ``full`` once every element was written, ``uniform`` the
   epoch of all elements when they share one, ``gen`` its write count), so most accesses are
   decided in O(1): tiles allocated in the current iteration, tensors written before the loops,
-  accumulators. The shadow is scanned (min/max, then element-wise) only when the summaries
-  cannot rule a race or an uninitialized element out.
+  accumulators. A tile or kernel-created HBM tensor written in parts keeps its epochs as a few
+  disjoint boxes while every write is a box of its storage (see "box shadows" below), so a check
+  looks at the boxes a view meets. The element shadow is scanned (min/max, then element-wise)
+  only when neither can rule a race or an uninitialized element out.
 - **scope** (``err_local_variable_used_out_of_scope``): a tile allocated in a loop body used after
   that iteration ended (outside the loop, or by the next iteration through a Python variable, as
   in ``acc = nl.add(acc, x)``; the real front end traces the body once, ref §1.9).
