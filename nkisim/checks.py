@@ -515,6 +515,8 @@ def _racy_loops(run, root):
     sp = run.spmd
     if sp is not None and a < sp.epoch and h >= sp.first_epoch:
         return (sp,) + _nested_slice(pl, a, h)
+    if not pl or a >= pl[-1].epoch or h < pl[0].first_epoch:
+        return ()                       # (the commonest answer, without a call)
     return _nested_slice(pl, a, h)
 
 
