@@ -37,8 +37,10 @@ They read the per-element shadow of every tensor: the epoch of its last write (`
   upper bound of its shadow's epochs, ``full`` once every element was written, ``uniform`` the
   epoch of all elements when they share one, ``gen`` its write count), so most accesses are
   decided in O(1): tiles allocated in the current iteration, tensors written before the loops,
-  accumulators. The shadow is scanned (min/max, then element-wise) only when the summaries
-  cannot rule a race or an uninitialized element out.
+  accumulators. A tile or kernel-created HBM tensor written in parts keeps its epochs as a few
+  disjoint boxes while every write is a box of its storage (see "box shadows" below), so a check
+  looks at the boxes a view meets. The element shadow is scanned (min/max, then element-wise)
+  only when neither can rule a race or an uninitialized element out.
 - **scope** (``err_local_variable_used_out_of_scope``): a tile allocated in a loop body used after
   that iteration ended (outside the loop, or by the next iteration through a Python variable, as
   in ``acc = nl.add(acc, x)``; the real front end traces the body once, ref §1.9).
@@ -54,6 +56,7 @@ import re
 
 import numpy as np
 
+from . import dtypes
 from .context import caller_location, where
 from .errors import nki_error, shape_str
 
@@ -162,15 +165,27 @@ def _epoch_cell(epoch):
 
 
 def materialize(root) -> None:
-    """Give a lazy root its element-wise shadow (all ``root.uniform``)."""
+    """Give a lazy root its element-wise shadow (all ``root.uniform``, or its boxes')."""
     if root.shadow is None and root.store is not None:
-        root.shadow = np.full(root.shape, root.uniform, np.int32)
+        bs = root.boxes
+        if bs is None:
+            root.shadow = np.full(root.shape, root.uniform, np.int32)
+            return
+        store = root.store
+        poison_unwritten(root)      # (the boxes say which elements keep the poison)
+        sh = np.full(store.shape, bs.base, np.int32)
+        for box, e in bs.items:
+            sh[tuple([slice(lo, hi) for lo, hi in box])] = e
+        root.boxes = None
+        root.shadow = sh.reshape(root.shape)
 
 
 def lazy_view(t):
     """The shadow of view ``t`` of a lazy root: a broadcast of the root's epoch, or once
     materialized the view of ``root.shadow`` at the view's place in the storage."""
     root = t.root
+    if root.boxes is not None:      # element-wise epochs wanted: give up the boxes
+        materialize(root)
     shadow = root.shadow
     arr = t._arr
     if shadow is None:           # every element has the root's epoch: a read-only broadcast
@@ -185,16 +200,231 @@ def lazy_view(t):
 
 
 # ---------------------------------------------------------------------------------------------
+# box shadows
+#
+# A lazy root written in parts keeps its epochs as *boxes* while every write is a box of its
+# storage (``a[:, ci, :, :]``, ``ot[:, co, r:r + nr, :]``: basic views with unit steps, the
+# writes of real kernels): disjoint boxes, each with the epoch of its last write, and ``base``,
+# the epoch of the elements in none (the root's ``uniform`` before). A check then decides from
+# the few boxes a view meets instead of scanning an int32 per element (issue 12); any access
+# that is not a box (a mask, an advanced index, another element size), and any race or
+# uninitialized element found (the messages name element regions), materializes the
+# element-wise shadow the boxes stand for, and the general path takes over.
+
+# More boxes than that and the element-wise shadow is cheaper to scan: a box costs about 1 us
+# of Python per check, an element about 1 ns of NumPy per pass (measured on the 2-core
+# machine), so a root keeps at most size / 2048 boxes, within [8, 256] (256: the B=4 conv2d's
+# output, stored in 224 boxes, keeps no 200 MB shadow).
+MAX_BOXES = 256
+MIN_BOXES = 8
+
+
+class BoxShadow:
+    """The write epochs of a lazy root as disjoint boxes (see above)."""
+
+    __slots__ = ("base", "items", "vol", "size", "cap")
+
+    def __init__(self, base, size):
+        self.base = base        # epoch of the elements in no box
+        self.items = []         # [(box, epoch)]; box: ((lo, hi), ...) per storage dimension
+        self.vol = 0            # elements in the boxes
+        self.size = size        # elements of the root
+        self.cap = min(MAX_BOXES, max(MIN_BOXES, size // 2048))    # boxes kept at most
+
+
+def view_box(t):
+    """The elements of view ``t`` as a box of its root's storage (``((lo, hi), ...)`` per
+    storage dimension), or None when they are not one (a strided, transposed or merged view,
+    an advanced index, another element size) or the root has no lazy storage. The view's
+    place is its byte offset ``t._off`` in the storage (what its region is computed from)."""
+    root = t.root
+    store = root.store
+    arr = t._arr
+    if store is None or arr is None or t._idx is not None:
+        return None
+    item = store.itemsize
+    if arr.itemsize != item:
+        return None
+    off, rem = divmod(t._off, item)
+    shape = store.shape
+    geo = _GEOMETRY.get(shape)
+    if geo is None:
+        geo = _geometry(shape)
+    es, dim_of, size = geo
+    if rem or off < 0 or off >= size:
+        return None
+    coords = [off // s % n for s, n in zip(es, shape)]
+    ends = list(coords)
+    for n, st in zip(arr.shape, arr.strides):
+        if n == 1:
+            continue
+        if n == 0 or st <= 0 or st % item:
+            return None
+        j = dim_of.get(st // item)
+        if j is None or ends[j] != coords[j]:
+            return None
+        ends[j] += n
+        if ends[j] > shape[j]:
+            return None
+    for j, n in enumerate(ends):
+        if n == coords[j]:
+            ends[j] = n + 1
+    return tuple(zip(coords, ends))
+
+
+_GEOMETRY: dict = {}
+
+
+def _geometry(shape):
+    """(element stride per dimension, {stride: dimension} of the dimensions longer than 1,
+    elements) of a C-contiguous array of ``shape``."""
+    es = [0] * len(shape)
+    dim_of = {}
+    s = 1
+    for j in range(len(shape) - 1, -1, -1):
+        es[j] = s
+        if shape[j] > 1:
+            dim_of[s] = j
+        s *= shape[j]
+    if len(_GEOMETRY) > 1024:
+        _GEOMETRY.clear()
+    geo = _GEOMETRY[shape] = (tuple(es), dim_of, s)
+    return geo
+
+
+def _box_size(box) -> int:
+    v = 1
+    for lo, hi in box:
+        v *= hi - lo
+    return v
+
+
+def to_boxes(root) -> None:
+    """A lazy root (every element ``root.uniform``) about to be written in part: box mode."""
+    root.boxes = BoxShadow(root.uniform, root.store.size)
+    root.uniform = None
+
+
+def box_epochs(bs, box):
+    """(epochs, covered): the epochs of the elements of ``box`` (with repeats), and whether
+    every element of it is in some box (else ``bs.base`` is among the epochs)."""
+    eps = []
+    vol = 0
+    for b, e in bs.items:
+        v = 1
+        for (l, h), (L, H) in zip(b, box):
+            lo = l if l > L else L
+            hi = h if h < H else H
+            if hi <= lo:
+                break
+            v *= hi - lo
+        else:
+            eps.append(e)
+            vol += v
+    covered = vol == _box_size(box)
+    if not covered:
+        eps.append(bs.base)
+    return eps, covered
+
+
+def _subtract(b, box):
+    """The parts of box ``b`` outside ``box`` (which meets it), as disjoint boxes."""
+    out = []
+    rest = list(b)
+    for j, ((l, h), (L, H)) in enumerate(zip(b, box)):
+        if l < L:
+            piece = list(rest)
+            piece[j] = (l, L)
+            out.append(tuple(piece))
+        if H < h:
+            piece = list(rest)
+            piece[j] = (H, h)
+            out.append(tuple(piece))
+        rest[j] = (max(l, L), min(h, H))
+    return out
+
+
+def stamp_box(root, box, epoch) -> None:
+    """Record a write of ``box`` at ``epoch`` in the root's boxes (the element-wise shadow
+    instead once there would be too many)."""
+    bs = root.boxes
+    items = []
+    vol = 0
+    for b, e in bs.items:
+        for (l, h), (L, H) in zip(b, box):
+            if h <= L or H <= l:
+                items.append((b, e))        # disjoint: kept
+                vol += _box_size(b)
+                break
+        else:
+            for piece in _subtract(b, box):  # overwritten in part (or whole: no piece)
+                items.append((piece, e))
+                vol += _box_size(piece)
+    items.append((box, epoch))
+    bs.items = items
+    bs.vol = vol + _box_size(box)
+    if bs.vol == bs.size:
+        root.unpoisoned = None      # every element written: none keeps the poison
+    if len(items) > bs.cap:
+        materialize(root)
+    elif bs.vol == bs.size or bs.base > 0:
+        root.full = True
+
+
+def _meets(a, b) -> bool:
+    for (l, h), (L, H) in zip(a, b):
+        if h <= L or H <= l:
+            return False
+    return True
+
+
+def unwritten_boxes(root) -> list:
+    """The elements of a box-mode root in none of its boxes, as disjoint boxes."""
+    rest = [tuple((0, n) for n in root.store.shape)]
+    for b, _e in root.boxes.items:
+        rest = [p for r in rest for p in (_subtract(r, b) if _meets(r, b) else (r,))]
+    return rest
+
+
+def poison_unwritten(root) -> None:
+    """A lazily poisoned tile written in boxes (``nkisim.tensor.poisoned``): the poison into
+    the elements no box covers, the only ones that never held a written value."""
+    arr = root.unpoisoned
+    if arr is None or root.boxes is None:
+        return
+    root.unpoisoned = None
+    p = dtypes.poison(root.dtype)
+    for box in unwritten_boxes(root):
+        arr[tuple([slice(lo, hi) for lo, hi in box])] = p
+
+
+def view_written(t) -> bool:
+    """Every element of view ``t`` of a box-mode root is in a box (was written)."""
+    box = view_box(t)
+    return box is not None and box_epochs(t.root.boxes, box)[1]
+
+
+def _box_decides(run, t, racy, uninit) -> bool:
+    """True when the boxes of ``t``'s root show that reading view ``t`` is fine (no
+    uninitialized element if ``uninit``, no race with the ``racy`` loops); False when the
+    general path must decide (and name what it finds)."""
+    box = view_box(t)
+    if box is None:
+        return False
+    eps, covered = box_epochs(t.root.boxes, box)
+    lo = min(eps)
+    if uninit and lo == 0:
+        return False
+    return not racy or lo >= run.epoch or _no_race_in(run, eps, racy)
+
+
+def _no_race_in(run, eps, racy) -> bool:
+    """No epoch of ``eps`` (a list) belongs to an earlier iteration of a ``racy`` loop."""
+    return _find_race(run, np.array(eps), min(eps), max(eps), racy) is None
+
+
+# ---------------------------------------------------------------------------------------------
 # loops
-
-
-def _parallel_loops(run):
-    """The active loops whose iterations are unordered: the SPMD grid, then ``affine_range``
-    loops, outermost first."""
-    loops = [lp for lp in run.loops if lp.kind == "affine"]
-    if run.spmd is not None:
-        loops.insert(0, run.spmd)
-    return loops
 
 
 def _iteration_of(run, epoch: int, loop) -> object:
@@ -259,23 +489,49 @@ def _scope_error(run, t):
 
 
 def _racy_loops(run, root):
-    """The active parallel loops whose earlier iterations may have written ``root``.
+    """The active parallel loops whose earlier iterations may have written ``root``: the
+    SPMD grid first, then ``affine_range`` loops, outermost first.
 
     Every epoch in ``root``'s shadow is 0 or lies in ``[root.epoch, root.hi]`` (a tensor is
     written in the context that created it or in loops started later), so only loops whose
-    ``[first_epoch, epoch)`` meets that interval need an element-wise look.
+    ``[first_epoch, epoch)`` meets that interval need an element-wise look. The loops of the
+    stack are nested, so both their ``epoch`` and their ``first_epoch`` grow from the outermost
+    to the innermost: those loops are a slice of them.
     """
     epoch = run.epoch
     if epoch == 1 or "races" not in run.checks:
         return ()
-    cache = run.par_cache          # the loop stack only changes with the epoch
+    cache = run.par_cache          # the affine loops only change with the loop stack
     if cache[0] != epoch:
-        cache = run.par_cache = (epoch, tuple(_parallel_loops(run)))
+        loops = run.loops
+        key = (loops[-1] if loops else None, len(loops))
+        if len(cache) < 3 or cache[2] != key:
+            cache = (epoch, tuple([lp for lp in loops if lp.kind == "affine"]), key)
+        else:
+            cache = (epoch, cache[1], key)
+        run.par_cache = cache
     pl = cache[1]
     a, h = root.epoch, root.hi
+    sp = run.spmd
+    if sp is not None and a < sp.epoch and h >= sp.first_epoch:
+        return (sp,) + _nested_slice(pl, a, h)
+    if not pl or a >= pl[-1].epoch or h < pl[0].first_epoch:
+        return ()                       # (the commonest answer, without a call)
+    return _nested_slice(pl, a, h)
+
+
+def _nested_slice(pl, a, h):
+    """The loops of ``pl`` (nested, outermost first) with ``a < epoch`` and
+    ``h >= first_epoch``."""
     if not pl or a >= pl[-1].epoch or h < pl[0].first_epoch:
         return ()
-    return [lp for lp in pl if a < lp.epoch and h >= lp.first_epoch]
+    i = 0
+    while pl[i].epoch <= a:             # (pl[-1].epoch > a: stops)
+        i += 1
+    j = len(pl)
+    while pl[j - 1].first_epoch > h:    # (pl[0].first_epoch <= h: stops)
+        j -= 1
+    return pl[i:j] if i < j else ()
 
 
 def _covers(t) -> bool:
@@ -347,6 +603,8 @@ def check_read(run, t, api: str, accumulate: bool = False, uninit: bool = True) 
     if not racy and (not uninit or root.full is True or
                      (root.uniform is not None and root.uniform > 0)):
         return                                  # (the summaries decide: no shadow needed)
+    if root.boxes is not None and _box_decides(run, t, racy, uninit):
+        return                                  # (the boxes decide)
     w = shadow_view(t)
     if not w.size:
         return
@@ -388,9 +646,13 @@ def check_write(run, t, api: str, accumulate: bool, same_values=None, view=None,
     racy = _racy_loops(run, root)
     if racy:
         u = root.uniform
+        box = view_box(t) if root.boxes is not None else None
         if u is not None and t.size:
             # one epoch everywhere: _find_race decides from it alone (no shadow view)
             w, lo, hi = None, u, u
+        elif box is not None and t.size and _no_race_in(run, box_epochs(root.boxes, box)[0],
+                                                        racy):
+            w, lo, hi = None, epoch, epoch      # the boxes show no race
         else:
             w = shadow_view(t)
             lo, hi = _bounds(t, w) if w.size else (epoch, epoch)
@@ -438,6 +700,7 @@ def check_write(run, t, api: str, accumulate: bool, same_values=None, view=None,
     if covers:
         root.full = True
         root.uniform = epoch
+        root.boxes = None
     elif root.uniform != epoch:
         root.uniform = None
     return False
@@ -550,11 +813,15 @@ def check_outputs(run, outputs) -> None:
     if not outputs_check and "uninit" not in run.checks:
         return
     for t in outputs:
-        if t._w is None or t.root.param:
+        if t._ws is None or t.root.param:
             continue
         origin = getattr(t.root, "taint", None)     # stored from never-written memory
         if origin is None and not outputs_check:
             continue
+        root = t.root
+        if root.shadow is None and (root.uniform or (root.boxes is not None and (
+                root.boxes.base or root.boxes.vol == root.boxes.size))):
+            continue                # every element written (the summaries say so)
         w = shadow_view(t)
         unwritten = w == 0
         if not unwritten.any():

@@ -109,7 +109,7 @@ class Allocation:
                  "mutable", "live", "pbytes", "banks", "loop", "file", "line", "direct",
                  "dtype", "shape", "epoch", "hi", "gen", "full", "uniform", "taint",
                  "adopted", "store", "buf", "base_off", "unpoisoned", "nparts", "rd", "pend",
-                 "span", "born", "__weakref__")
+                 "span", "born", "boxes", "__weakref__")
 
     # (the fields an SBUF/PSUM tile sets are parameters: each is set once, issue 12)
     def __init__(self, buffer, name, dtype, shape, id=0, file="", line=0, epoch=0, buf=None,
@@ -142,6 +142,7 @@ class Allocation:
         self.taint = None             # the uninitialized read its never-written values came from
         self.adopted = False          # storage adopted from an instruction, not yet "written"
         self.store = None             # a lazy shadow's tile storage (see checks.LAZY)
+        self.boxes = None             # a lazy shadow written in parts (checks.BoxShadow)
         self.buf = buf                # the Buffer it was created in (None: by kind)
         # storage not yet filled with the poison (allocated lazily, see ``poisoned``)
         self.unpoisoned = None
@@ -253,8 +254,14 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
         a = _new_alloc(run, "hbm", name, dt, shape, arr, file, line)
         a.key = ("hbm", a.id)
         a.buf = buf
-        a.shadow = np.zeros(shape, np.int32) if run.checks else None
-        t = Tensor(arr, a.shadow, a, dt, shape, None, None)
+        shadow = None
+        if run.checks:
+            # a lazy shadow (nkisim.checks.LAZY), never written: an output written in boxes
+            # (one store per tile) never gets an int32 per element (issue 12)
+            a.store = arr
+            a.uniform = 0
+            shadow = checks.LAZY
+        t = Tensor(arr, shadow, a, dt, shape, None, None)
         if buf.shared:
             run.shared_hbm.append(t)
             run.shared_hbm_cursor = len(run.shared_hbm)
@@ -1171,14 +1178,18 @@ def poisoned(root: Allocation) -> None:
     NaN for floats, ``dtypes.poison``) before anything reads it or writes part of it."""
     arr = root.unpoisoned
     if arr is not None:
+        if root.boxes is not None:
+            checks.poison_unwritten(root)     # written in boxes: the rest only
+            return
         root.unpoisoned = None
         arr.fill(dtypes.poison(root.dtype))
 
 
 def values(t: Tensor) -> np.ndarray:
     """The raw stored values of a view (no checks)."""
-    if t.root.unpoisoned is not None:
-        poisoned(t.root)
+    root = t.root
+    if root.unpoisoned is not None and (root.boxes is None or not checks.view_written(t)):
+        poisoned(root)        # (a view of written boxes holds no poison: nothing to fill yet)
     if t._slots is not None:
         raise nki_error("err_failed_to_infer_tile_from_local_tensor", name=t.name)
     if t._idx is None:
@@ -1540,9 +1551,15 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
     elif t._mask is not None:
         t._mask = None
     lazy = t._ws is checks.LAZY and root.shadow is None
+    box = None
     if lazy and (mask is not None or not checks._covers(t)):
-        checks.materialize(root)          # a partial write: element-wise epochs from now on
-        lazy = False
+        # a partial write: its box in the root's boxes, else element-wise epochs from now on
+        box = checks.view_box(t) if mask is None else None
+        if box is None:
+            checks.materialize(root)
+            lazy = False
+        elif root.boxes is None:
+            checks.to_boxes(root)
     keep = False      # True: an accumulation keeps its group's first epoch (nkisim.checks)
     if t._ws is not None:
         keep = checks.check_write(run, t if mask is None else _masked_shadow_view(t, t._mask,
@@ -1551,6 +1568,8 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
                                   same_values=lambda: _same_values(t, vals, mask, add),
                                   view=t if add is None and vals is not None else None,
                                   values_of=values)
+        if lazy and root.shadow is not None:
+            lazy = False                  # the checks materialized the boxes
     dt = t.dtype
     if dt == dtypes.TF32 or (dt.kind in "iub" and np.asarray(vals).dtype.kind == "f"):
         vals = dtypes.cast(vals, dt)
@@ -1562,8 +1581,10 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
                 arr is unp or (arr.size == unp.size and arr.flags.c_contiguous and
                                _addr(arr) == _addr(unp))):
             root.unpoisoned = None        # written whole: no element keeps the poison
-        else:
-            poisoned(root)
+        elif not (lazy and box is not None and add is None):
+            poisoned(root)    # (of a root written in boxes: the elements no box covers)
+        # (a box of a root written in boxes, not read: the poison goes into the elements no
+        # box covers when something reads them, ``poisoned``, or never if boxes cover the tile)
     # (overflow to inf / NaN is silent: the run's np.errstate, nkisim.runtime.simulate)
     if add is not None:
         np.add(t._arr, add, out=t._arr)
@@ -1580,7 +1601,9 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
         else:
             sel = tuple(np.broadcast_to(i, t.shape)[m] for i in _full_idx(idx, t))
             t._arr[sel] = v[m]
-    if t._ws is not None and not keep and not lazy:     # (lazy: check_write set `uniform`)
+    if lazy and box is not None and not keep:
+        checks.stamp_box(root, box, run.epoch)
+    elif t._ws is not None and not keep and not lazy:   # (lazy: check_write set `uniform`)
         if mask is None:
             if idx is None:
                 t._w[...] = run.epoch

@@ -460,15 +460,17 @@ def test_views_made_before_a_partial_write_see_its_epochs():
         t = nl.load(a)                       # written whole: no element-wise shadow
         u = nisa.tensor_tensor(t, t, op=nl.add)
         part = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
-        part[:, 0:32] = nl.copy(t[:, 0:32])  # written in part: element-wise epochs
-        lazy.extend(x.root.shadow is None for x in (t, u, part))
+        part[:, 0:32] = nl.copy(t[:, 0:32])  # written in part: a box (nkisim.checks)
+        lazy.extend((x.root.shadow is None, x.root.boxes is not None) for x in (t, u, part))
+        part[0:64, 0:32:2] = nl.copy(t[0:64, 0:32:2])   # not a box: element-wise epochs
+        lazy.append((part.root.shadow is None, part.root.boxes is not None))
         nl.store(out, u)
         return out
 
     a = rand(128, 64)
     got, _ = run(whole, a)
     np.testing.assert_array_equal(got, a + a)
-    assert lazy == [True, True, False]
+    assert lazy == [(True, False), (True, False), (True, True), (False, False)]
 
 
 def test_never_written_values_are_an_error_only_when_they_reach_hbm():

@@ -14,7 +14,7 @@ from threadpoolctl import threadpool_limits
 from nkisim import beta1 as nki
 from nkisim.beta1 import isa as nisa
 from nkisim.beta1 import language as nl
-from nkisim.tensor import _copy
+from nkisim.tensor import _addr, _copy
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -330,3 +330,212 @@ def test_blas_runs_single_threaded_while_simulating_and_is_restored():
         after = blas_threads()
     assert seen == [[1], [1]]
     assert after == before
+
+
+# ---------------------------------------------------------------------------------------------
+# box shadows (nkisim.checks: a lazy tile written in parts keeps its epochs as boxes)
+
+from types import SimpleNamespace  # noqa: E402
+
+from hypothesis import event, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from nkisim import checks  # noqa: E402
+
+
+def _boxes(shape):
+    """A strategy of boxes ((lo, hi) per dimension, non-empty) of an array of ``shape``."""
+    def dim(n):
+        return st.tuples(st.integers(0, n - 1), st.integers(1, n)).map(
+            lambda p: (min(p[0], p[1] - 1), max(p[0] + 1, p[1])))
+    return st.tuples(*(dim(n) for n in shape))
+
+
+SHAPE = (3, 4, 5)
+
+
+@settings(max_examples=200, deadline=None)
+@given(writes=st.lists(_boxes(SHAPE), max_size=12), queries=st.lists(_boxes(SHAPE), max_size=6),
+       base=st.sampled_from([0, 1]))
+def test_box_epochs_equal_an_element_shadow(writes, queries, base):
+    """The boxes (``stamp_box``, ``box_epochs``, ``materialize``) hold what an int32 per element
+    holds: the same epochs in every box a check asks about, the same coverage."""
+    store = np.zeros(SHAPE, np.float32)
+    root = SimpleNamespace(store=store, shadow=None, uniform=base, boxes=None, shape=SHAPE,
+                           full=-1, unpoisoned=None)
+    checks.to_boxes(root)
+    ref = np.full(SHAPE, base, np.int32)
+    written = np.zeros(SHAPE, bool)
+    for epoch, box in enumerate(writes, start=2):
+        checks.stamp_box(root, box, epoch)
+        sl = tuple(slice(lo, hi) for lo, hi in box)
+        ref[sl] = epoch
+        written[sl] = True
+        if root.boxes is None:
+            break                           # too many boxes: the element shadow took over
+        for q in queries + [box]:
+            ql = tuple(slice(lo, hi) for lo, hi in q)
+            eps, covered = checks.box_epochs(root.boxes, q)
+            assert set(eps) == set(np.unique(ref[ql]).tolist())
+            assert covered == bool(written[ql].all())
+        assert root.boxes.vol == written.sum()
+    checks.materialize(root)
+    np.testing.assert_array_equal(root.shadow, ref)
+
+
+@settings(max_examples=200, deadline=None)
+@given(key=st.lists(st.one_of(st.integers(0, 5), st.tuples(st.integers(0, 6), st.integers(0, 6),
+                                                        st.sampled_from([1, 1, 2, -1]))),
+                    min_size=1, max_size=3),
+       transpose=st.booleans())
+def test_view_box_is_exactly_the_views_elements(key, transpose):
+    """``view_box`` is None or the box of exactly the elements the view touches; unit-step
+    slices and ints (the writes of real kernels) give a box."""
+    store = np.zeros((4, 6, 7), np.float32)
+    k = tuple(min(x, n - 1) if isinstance(x, int) else slice(x[0], x[1], x[2])
+              for x, n in zip(key, store.shape))
+    arr = store[k + (Ellipsis,)]
+    if transpose:
+        arr = arr.T
+    t = SimpleNamespace(root=SimpleNamespace(store=store), _arr=arr, _idx=None,
+                        _off=_addr(arr) - _addr(store))
+    box = checks.view_box(t)
+    mark = np.zeros(store.shape, bool)
+    mark[k] = True                           # the elements the view touches
+    if box is None:
+        unit = all(isinstance(x, int) or x[2] == 1 for x in key)
+        assert not unit or arr.size == 0, key          # a basic unit-step view is a box
+        return
+    want = np.zeros(store.shape, bool)
+    want[tuple(slice(lo, hi) for lo, hi in box)] = True
+    np.testing.assert_array_equal(mark, want)
+
+
+def _op():
+    """(kind, channels, columns, loop) of one access in ``_box_kernel``: kind "w" writes
+    buf[:, ch, cols] from the input, "r" copies it out to HBM; ch is a (lo, hi) pair or "i"
+    (the loop's iteration); loop: None (kernel level), "affine" or "sequential"."""
+    ch = st.one_of(st.just("i"), st.tuples(st.integers(0, 3), st.integers(1, 4)).map(
+        lambda p: (min(p[0], p[1] - 1), max(p[0] + 1, p[1]))))
+    cols = st.tuples(st.integers(0, 15), st.integers(1, 16)).map(
+        lambda p: (min(p[0], p[1] - 1), max(p[0] + 1, p[1])))
+    return st.tuples(st.sampled_from("wr"), ch, cols, st.sampled_from([None, "affine",
+                                                                       "sequential"]))
+
+
+def _box_kernel(ops):
+    def body(a):
+        out = nl.ndarray((128, 4, 16), dtype=nl.float32, buffer=nl.shared_hbm)
+        buf = nl.ndarray((128, 4, 16), dtype=nl.float32, buffer=nl.sbuf)
+
+        def access(kind, ch, cols, i):
+            c0, c1 = (i, i + 1) if ch == "i" else ch
+            f0, f1 = cols
+            if kind == "w":
+                buf[:, c0:c1, f0:f1] = nisa.tensor_copy(nl.load(a[:, c0:c1, f0:f1]))
+            else:
+                nisa.dma_copy(src=buf[:, c0:c1, f0:f1], dst=out[:, c0:c1, f0:f1])
+
+        for kind, ch, cols, loop in ops:
+            if loop is None:
+                access(kind, ch, cols, 0)
+            else:
+                rng = nl.affine_range if loop == "affine" else nl.sequential_range
+                for i in rng(2):
+                    access(kind, ch, cols, i)
+        return out
+    return body
+
+
+def _outcome(ops, a):
+    import warnings
+    kernel = nki.jit(_box_kernel(ops))
+    with warnings.catch_warnings(record=True) as ws:
+        warnings.simplefilter("always")
+        try:
+            out = nki.simulate_kernel(kernel, a)
+        except Exception as e:  # noqa: BLE001 - the verdict is compared, whatever it is
+            return ("error", getattr(e, "nki_code", type(e).__name__), str(e))
+    return ("ok", out.tobytes(), sorted(str(w.message) for w in ws))
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=st.lists(_op(), min_size=1, max_size=6))
+def test_checks_decide_the_same_with_boxes_as_with_element_shadows(ops):
+    """Random partial writes and reads of a tile and an HBM output, at kernel level and in
+    affine/sequential loops: the verdict (error code and message, or the output and the
+    warnings) with box shadows is the one of element-wise shadows from the first partial
+    write (``view_box`` finding no box: the general path)."""
+    a = np.arange(128 * 4 * 16, dtype=np.float32).reshape(128, 4, 16)
+    view_box = checks.view_box
+
+    def checked_view_box(t):
+        # view_box places a view by its byte offset ``_off``: it must be the view's place
+        if t.root.store is not None and t._arr is not None:
+            assert t._off == _addr(t._arr) - _addr(t.root.store)
+        return view_box(t)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(checks, "view_box", checked_view_box)
+        with_boxes = _outcome(ops, a)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(checks, "view_box", lambda t: None)
+        without = _outcome(ops, a)
+    assert with_boxes == without
+    event(with_boxes[0] if with_boxes[0] == "ok" else with_boxes[1])
+
+
+@settings(max_examples=300, deadline=None)
+@given(iters=st.lists(st.tuples(st.sampled_from(["affine", "sequential", "static"]),
+                                st.integers(0, 3), st.integers(1, 4)), max_size=6),
+       spmd=st.booleans(), a=st.integers(0, 40), span=st.integers(0, 40))
+def test_racy_loops_are_the_loops_the_rule_names(iters, spmd, a, span):
+    """``_racy_loops`` (a slice of the nested loops, cached per loop stack) is the rule's
+    list: the SPMD grid and the affine loops, outermost first, with ``[first_epoch, epoch)``
+    meeting ``[root.epoch, root.hi]``."""
+    from nkisim.context import Loop
+    epoch = 2
+    grid = None
+    if spmd:
+        grid = Loop(id=99, kind="spmd", file="", line=0, first_epoch=2, epoch=2 + a % 3)
+        epoch = grid.epoch + 1
+    loops = []
+    for n, (kind, skip, it) in enumerate(iters):
+        first = epoch + skip                 # the loop starts after its parent's iteration
+        loops.append(Loop(id=n, kind=kind, file="", line=0, first_epoch=first,
+                          epoch=first + it))
+        epoch = first + it + 1
+    run = SimpleNamespace(epoch=epoch, checks=frozenset({"races"}), loops=loops, spmd=grid,
+                          par_cache=(0, ()))
+    root = SimpleNamespace(epoch=a, hi=a + span)
+    want = [lp for lp in ([grid] if grid else []) + [lp for lp in loops if lp.kind == "affine"]
+            if a < lp.epoch and a + span >= lp.first_epoch]
+    assert list(checks._racy_loops(run, root)) == want
+    assert list(checks._racy_loops(run, root)) == want          # from the cache
+
+
+def test_an_add_onto_an_unwritten_box_adds_to_the_poison():
+    """A tile written in boxes defers its poison (``tensor.poisoned``); an in-place add
+    (``write(add=)``, the PSUM accumulation's path) onto a box no write covered must still add
+    to the poison, as on the general path, not to whatever the fresh storage held."""
+    from nkisim.tensor import write
+
+    a = np.ones((128, 2, 8), dtype=np.float32)
+
+    @nki.jit
+    def kernel(a_in):
+        out = nl.ndarray((128, 2, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 2, 8), dtype=nl.float32, buffer=nl.sbuf)
+        t[:, 0, :] = nl.load(a_in[:, 0, :])             # a box: the poison is deferred
+        write(t[:, 1, :], None, "nc_matmul", accumulate=True,
+              add=np.full((128, 8), 2.0, np.float32))
+        nisa.dma_copy(src=t, dst=out)
+        return out
+
+    for box in (True, False):
+        with pytest.MonkeyPatch.context() as mp:
+            if not box:
+                mp.setattr(checks, "view_box", lambda t: None)
+            out = nki.simulate_kernel(kernel, a)
+        np.testing.assert_array_equal(out[:, 0], 1.0)
+        assert np.isnan(out[:, 1]).all()
