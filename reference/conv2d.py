@@ -139,12 +139,16 @@ def _winograd3(x, w, bias, acc_dtype=np.float64, tile_rows=WINOGRAD_TILE_ROWS):
     th, tw = -(-out_h // 2), -(-out_w // 2)               # tiles down and across
     nr = min(tile_rows, th)
     out = np.empty((batch, c_out, out_h, out_w), dtype=acc_dtype)
-    xp = np.zeros((c_in, 2 * th + 2, 2 * tw + 2), dtype=acc_dtype)
-    rows_t = np.empty((4, c_in, nr, 2 * tw + 2), dtype=acc_dtype)   # B^T d (rows done)
+    # the image's even and odd columns, each contiguous and zero-padded to whole tiles: the
+    # column pass then reads unit-stride slices (column 2t + j of a tile is even[t + j // 2] or
+    # odd[t + j // 2]) instead of stride-2 ones, the same values in the same order (issue 12:
+    # the strided passes took longer than the GEMMs); the padding is written once, as zeros
+    xeo = np.zeros((2, c_in, 2 * th + 2, tw + 1), dtype=acc_dtype)
+    rows_t = np.empty((2, 4, c_in, nr, tw + 1), dtype=acc_dtype)    # B^T d (rows done), e/o
     v_buf = np.empty((4, 4, c_in, nr * tw), dtype=acc_dtype)        # B^T d B
     m_buf = np.empty((4, 4, c_out, nr * tw), dtype=acc_dtype)       # U . V per (a, b)
     s_buf = np.empty((2, 4, c_out, nr * tw), dtype=acc_dtype)       # A^T M (rows done)
-    y_buf = np.empty((c_out, nr, 2, tw, 2), dtype=acc_dtype)        # A^T M A, interleaved
+    y_buf = np.empty((2, c_out, nr, 2, tw), dtype=acc_dtype)        # A^T M A: even, odd cols
 
     def b_transform(r, out):
         """B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]] on 4 slices."""
@@ -161,28 +165,33 @@ def _winograd3(x, w, bias, acc_dtype=np.float64, tile_rows=WINOGRAD_TILE_ROWS):
         out1 -= m[3]
 
     for b in range(batch):
-        xp[:, :h, :width] = x[b]
+        xeo[0, :, :h, :(width + 1) // 2] = x[b][:, :, 0::2]
+        xeo[1, :, :h, :width // 2] = x[b][:, :, 1::2]
         for t0 in range(0, th, nr):
             n = min(th, t0 + nr) - t0
-            rows = xp[:, 2 * t0: 2 * (t0 + n) + 2, :]
-            d = rows_t[:, :, :n]
-            b_transform([rows[:, i: i + 2 * n: 2, :] for i in range(4)], d)
+            d = rows_t[:, :, :, :n]
+            for e in range(2):
+                rows = xeo[e][:, 2 * t0: 2 * (t0 + n) + 2, :]
+                b_transform([rows[:, i: i + 2 * n: 2, :] for i in range(4)], d[e])
             v = v_buf[..., : n * tw].reshape(4, 4, c_in, n, tw)
             for a in range(4):
-                b_transform([d[a][:, :, j: j + 2 * tw: 2] for j in range(4)], v[a])
+                de, do = d[0][a], d[1][a]
+                b_transform([de[..., :tw], do[..., :tw], de[..., 1:], do[..., 1:]], v[a])
             m = m_buf[..., : n * tw]
             for a in range(4):
                 for c in range(4):
                     np.matmul(U[a, c], v[a, c].reshape(c_in, n * tw), out=m[a, c])
             s = s_buf[..., : n * tw]
             a_transform(m, s[0], s[1])
-            y = y_buf[:, :n]
+            y = y_buf[:, :, :n]
             for i in range(2):
                 q = s[i].reshape(4, c_out, n, tw)
-                a_transform(q, y[:, :, i, :, 0], y[:, :, i, :, 1])
-            y = y.reshape(c_out, 2 * n, 2 * tw)
+                a_transform(q, y[0][:, :, i], y[1][:, :, i])
             r0, r1 = 2 * t0, min(out_h, 2 * (t0 + n))
-            np.add(y[:, : r1 - r0, :out_w], bias[:, None, None], out=out[b, :, r0:r1, :])
+            for e in range(2):      # even then odd output columns
+                ye = y[e].reshape(c_out, 2 * n, tw)
+                np.add(ye[:, : r1 - r0, : (out_w + 1 - e) // 2], bias[:, None, None],
+                       out=out[b, :, r0:r1, e::2])
     return out
 
 
