@@ -13,8 +13,8 @@ The convolution is one matmul per filter tap over C_in: for tap (di, dj) the row
 ``X[b, :, di:di + out_h, :]`` are a (C_in, out_h * W) view (no copy), multiplied by the
 (C_out, C_in) tap matrix, and the columns ``dj:dj + out_w`` of the product are accumulated.
 That is K*K large GEMMs per image, so B=4, 256 -> 256 channels, 224x224, 3x3 takes seconds.
-The float64 golden of a 3x3 filter uses Winograd's F(2x2, 3x3) instead (``_winograd3``):
-16 GEMMs per 2x2 block of outputs instead of 36, 1.4-1.7x faster (issue 12).
+The float64 golden of a 3x3 filter uses Winograd's F(4x4, 3x3) instead (``_winograd3``):
+36 GEMMs per 4x4 block of outputs instead of 144 (issue 12).
 """
 
 import operator
@@ -106,92 +106,126 @@ def _conv2d(x, w, bias, acc_dtype):
     return out
 
 
-# Winograd's minimal filtering F(2x2, 3x3) (Lavin & Gray, "Fast Algorithms for Convolutional
-# Neural Networks", 2016): each 2x2 block of outputs is A^T [(G g G^T) * (B^T d B)] A for the
-# 4x4 input tile d, so a 3x3 layer is 16 GEMMs over C_in on (out_h/2)(out_w/2) tiles instead of
-# 9 on out_h*W columns: 2.25x fewer multiply-adds. Its transforms only add, subtract and halve,
-# so in float64 the result differs from the direct sum by a few float64 ulps of the summed
-# magnitudes: measured 2.4e-15 of max|y| on 256 -> 256 channels 224x224 (direct: 1e-16),
-# against the 3e-8 half ulp of the fp32 outputs it judges. Measured on the 2-core machine, one
-# 256 -> 256 224x224 image in float64: 1.15-1.37 s against 1.93 s direct (the float64 GEMMs
-# alone, 9 x 0.18 s, are 1.63 s). Used for the float64 golden only: the float32 models keep
-# the direct taps (the baseline is what fp32 hardware accumulation does).
-WINOGRAD_TILE_ROWS = 16      # tile rows per GEMM batch: 58 MB of float64 transforms at C=256
+# Winograd's minimal filtering F(4x4, 3x3) (Lavin & Gray, "Fast Algorithms for Convolutional
+# Neural Networks", 2016, the points 0, +-1, +-2 and infinity): each 4x4 block of outputs is
+# A^T [(G g G^T) * (B^T d B)] A for the 6x6 input tile d, so a 3x3 layer is 36 GEMMs over C_in
+# on (out_h/4)(out_w/4) tiles instead of 9 on out_h*W columns: 4x fewer multiply-adds (F(2x2,
+# 3x3), used before: 2.25x). Its transforms scale by up to 8 and 1/24, so in float64 the result
+# differs from the direct sum by about 1e-14 of the summed magnitudes (measured on random
+# signed inputs: 1.2e-13 absolute on outputs of magnitude 10, F(2x2): 1e-14), against the
+# 3e-8 half ulp of the fp32 outputs it judges. Measured on the 2-core machine, two 256 -> 256
+# 224x224 images in float64: 1.46-1.52 s against 1.71-1.74 s for F(2x2, 3x3) (issue 12: the
+# golden of the B=4 fp32 case had become as long as its simulation). The column passes read
+# the image's four column phases as contiguous slices, not stride-4 ones. Used for the float64
+# golden only: the float32 models keep the direct taps (the baseline is what fp32 hardware
+# accumulation does).
+WINOGRAD_TILE_ROWS = 8       # tile rows per GEMM batch: 33 MB of float64 transforms at C=256
 # Below this many outputs per image the direct taps are faster (fixed costs: the filter
-# transform, the buffers); measured, 256 channels: 30x14 outputs 0.09 s Winograd against 0.08 s
-# direct, 62x62 0.26 against 0.29-0.32, 110x110 0.42 against 0.45.
+# transform, the buffers); measured with F(2x2, 3x3), 256 channels: 30x14 outputs 0.09 s
+# Winograd against 0.08 s direct, 62x62 0.26 against 0.29-0.32, 110x110 0.42 against 0.45.
 WINOGRAD_MIN_OUTPUTS = 2048
+
+# Winograd F(4x4, 3x3) (Lavin & Gray 2016, the points 0, +-1, +-2, infinity)
+_BT4 = np.array([[4, 0, -5, 0, 1, 0],
+                 [0, -4, -4, 1, 1, 0],
+                 [0, 4, -4, -1, 1, 0],
+                 [0, -2, -1, 2, 1, 0],
+                 [0, 2, -1, -2, 1, 0],
+                 [0, 4, 0, -5, 0, 1]], dtype=np.float64)
+_G4 = np.array([[1 / 4, 0, 0],
+                [-1 / 6, -1 / 6, -1 / 6],
+                [-1 / 6, 1 / 6, -1 / 6],
+                [1 / 24, 1 / 12, 1 / 6],
+                [1 / 24, -1 / 12, 1 / 6],
+                [0, 0, 1]], dtype=np.float64)
+_AT4 = np.array([[1, 1, 1, 1, 1, 0],
+                 [0, 1, -1, 2, -2, 0],
+                 [0, 1, 1, 4, 4, 0],
+                 [0, 1, -1, 8, -8, 1]], dtype=np.float64)
+
+
+def _comb(coefs, ins, out, tmp):
+    """out = sum(c * a for c, a in zip(coefs, ins)) over the nonzero c, in that order."""
+    first = True
+    for c, a in zip(coefs, ins):
+        if c == 0:
+            continue
+        if first:
+            if c == 1:
+                np.copyto(out, a)
+            else:
+                np.multiply(a, c, out=out)
+            first = False
+        elif c == 1:
+            np.add(out, a, out=out)
+        elif c == -1:
+            np.subtract(out, a, out=out)
+        else:
+            t = tmp[: out.size].reshape(out.shape)
+            np.multiply(a, c, out=t)
+            np.add(out, t, out=out)
+
 
 
 def _winograd3(x, w, bias, acc_dtype=np.float64, tile_rows=WINOGRAD_TILE_ROWS):
-    """Cross-correlation with a 3x3 filter plus bias by Winograd F(2x2, 3x3), in ``acc_dtype``.
+    """Cross-correlation with a 3x3 filter plus bias by Winograd F(4x4, 3x3), in ``acc_dtype``.
 
-    Output blocks of 2x2 from input tiles of 4x4 at stride 2 (the input is zero-padded to
+    Output blocks of 4x4 from input tiles of 6x6 at stride 4 (the input is zero-padded to
     whole tiles and the extra outputs dropped). All buffers are allocated once."""
-    taps = np.asarray(w, dtype=acc_dtype)                 # (C_out, C_in, 3, 3)
+    taps = np.asarray(w, dtype=acc_dtype)
     c_out, c_in = taps.shape[:2]
-    # U = G g G^T per (C_out, C_in) filter, as (4, 4, C_out, C_in): 16 GEMM matrices
-    G = np.array([[1, 0, 0], [.5, .5, .5], [.5, -.5, .5], [0, 0, 1]], dtype=acc_dtype)
-    U = np.ascontiguousarray(np.einsum("ak,oikl,bl->aboi", G, taps, G))
+    # U = G g G^T per (C_out, C_in) filter, as (6, 6, C_out, C_in): 36 GEMM matrices
+    U = np.ascontiguousarray(np.einsum("ak,oikl,bl->aboi", _G4, taps, _G4))
     bias = np.asarray(bias, dtype=acc_dtype)
     batch, _, h, width = x.shape
     out_h, out_w = h - 2, width - 2
-    th, tw = -(-out_h // 2), -(-out_w // 2)               # tiles down and across
+    th, tw = -(-out_h // 4), -(-out_w // 4)
     nr = min(tile_rows, th)
     out = np.empty((batch, c_out, out_h, out_w), dtype=acc_dtype)
-    # the image's even and odd columns, each contiguous and zero-padded to whole tiles: the
-    # column pass then reads unit-stride slices (column 2t + j of a tile is even[t + j // 2] or
-    # odd[t + j // 2]) instead of stride-2 ones, the same values in the same order (issue 12:
-    # the strided passes took longer than the GEMMs); the padding is written once, as zeros
-    xeo = np.zeros((2, c_in, 2 * th + 2, tw + 1), dtype=acc_dtype)
-    rows_t = np.empty((2, 4, c_in, nr, tw + 1), dtype=acc_dtype)    # B^T d (rows done), e/o
-    v_buf = np.empty((4, 4, c_in, nr * tw), dtype=acc_dtype)        # B^T d B
-    m_buf = np.empty((4, 4, c_out, nr * tw), dtype=acc_dtype)       # U . V per (a, b)
-    s_buf = np.empty((2, 4, c_out, nr * tw), dtype=acc_dtype)       # A^T M (rows done)
-    y_buf = np.empty((2, c_out, nr, 2, tw), dtype=acc_dtype)        # A^T M A: even, odd cols
-
-    def b_transform(r, out):
-        """B^T = [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]] on 4 slices."""
-        np.subtract(r[0], r[2], out=out[0])
-        np.add(r[1], r[2], out=out[1])
-        np.subtract(r[2], r[1], out=out[2])
-        np.subtract(r[1], r[3], out=out[3])
-
-    def a_transform(m, out0, out1):
-        """A^T = [[1, 1, 1, 0], [0, 1, -1, -1]] on 4 slices."""
-        np.add(m[0], m[1], out=out0)
-        out0 += m[2]
-        np.subtract(m[1], m[2], out=out1)
-        out1 -= m[3]
-
+    # the image's four column phases (column 4t + p is phase p, index t), contiguous and
+    # zero-padded to whole tiles (the padding is written once)
+    xph = np.zeros((4, c_in, 4 * th + 2, tw + 1), dtype=acc_dtype)
+    d_buf = np.empty((4, 6, c_in, nr, tw + 1), dtype=acc_dtype)
+    v_buf = np.empty((6, 6, c_in, nr * tw), dtype=acc_dtype)
+    m_buf = np.empty((6, 6, c_out, nr * tw), dtype=acc_dtype)
+    s_buf = np.empty((4, 6, c_out, nr * tw), dtype=acc_dtype)
+    y_buf = np.empty((4, c_out, nr, 4, tw), dtype=acc_dtype)    # column phase, rows in tile
+    tmp = np.empty(6 * max(c_in, c_out) * nr * (tw + 1), dtype=acc_dtype)
     for b in range(batch):
-        xeo[0, :, :h, :(width + 1) // 2] = x[b][:, :, 0::2]
-        xeo[1, :, :h, :width // 2] = x[b][:, :, 1::2]
+        for p in range(4):
+            cols = x[b][:, :, p::4]
+            xph[p, :, :h, : cols.shape[2]] = cols
         for t0 in range(0, th, nr):
             n = min(th, t0 + nr) - t0
-            d = rows_t[:, :, :, :n]
-            for e in range(2):
-                rows = xeo[e][:, 2 * t0: 2 * (t0 + n) + 2, :]
-                b_transform([rows[:, i: i + 2 * n: 2, :] for i in range(4)], d[e])
-            v = v_buf[..., : n * tw].reshape(4, 4, c_in, n, tw)
-            for a in range(4):
-                de, do = d[0][a], d[1][a]
-                b_transform([de[..., :tw], do[..., :tw], de[..., 1:], do[..., 1:]], v[a])
+            d = d_buf[:, :, :, :n]
+            for p in range(4):
+                rows = [xph[p][:, 4 * t0 + i: 4 * (t0 + n) + i: 4, :] for i in range(6)]
+                for a in range(6):
+                    _comb(_BT4[a], rows, d[p, a], tmp)
+            v = v_buf[..., : n * tw].reshape(6, 6, c_in, n, tw)
+            for a in range(6):
+                dp = d[:, a]
+                cols = [dp[0][..., :tw], dp[1][..., :tw], dp[2][..., :tw], dp[3][..., :tw],
+                        dp[0][..., 1:], dp[1][..., 1:]]
+                for c in range(6):
+                    _comb(_BT4[c], cols, v[a, c], tmp)
             m = m_buf[..., : n * tw]
-            for a in range(4):
-                for c in range(4):
+            for a in range(6):
+                for c in range(6):
                     np.matmul(U[a, c], v[a, c].reshape(c_in, n * tw), out=m[a, c])
             s = s_buf[..., : n * tw]
-            a_transform(m, s[0], s[1])
+            for i in range(4):
+                _comb(_AT4[i], m, s[i], tmp)
             y = y_buf[:, :, :n]
-            for i in range(2):
-                q = s[i].reshape(4, c_out, n, tw)
-                a_transform(q, y[0][:, :, i], y[1][:, :, i])
-            r0, r1 = 2 * t0, min(out_h, 2 * (t0 + n))
-            for e in range(2):      # even then odd output columns
-                ye = y[e].reshape(c_out, 2 * n, tw)
-                np.add(ye[:, : r1 - r0, : (out_w + 1 - e) // 2], bias[:, None, None],
-                       out=out[b, :, r0:r1, e::2])
+            for i in range(4):
+                q = s[i].reshape(6, c_out, n, tw)
+                for j in range(4):
+                    _comb(_AT4[j], q, y[j][:, :, i], tmp)
+            r0, r1 = 4 * t0, min(out_h, 4 * (t0 + n))
+            for j in range(4):
+                yj = y[j].reshape(c_out, 4 * n, tw)
+                ncols = (out_w - j + 3) // 4
+                np.add(yj[:, : r1 - r0, :ncols], bias[:, None, None], out=out[b, :, r0:r1, j::4])
     return out
 
 

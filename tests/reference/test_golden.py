@@ -66,11 +66,12 @@ def test_conv2d_maxpool_matches_loops(case):
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 4, 9, 8), (1, 5, 2, 12, 7), (1, 2, 3, 3, 3),
-                                   (2, 4, 4, 10, 11)], ids=str)
+                                   (2, 4, 4, 10, 11), (1, 3, 2, 6, 10), (1, 2, 3, 13, 5)],
+                         ids=str)
 @pytest.mark.parametrize("tile_rows", [1, 2, 16])
 def test_winograd_3x3_float64_golden_matches_loops(shape, tile_rows, monkeypatch):
-    # the float64 golden of a 3x3 filter is Winograd F(2x2, 3x3): odd and even output sizes
-    # (padded tiles), several tile-row batches (the last one partial)
+    # the float64 golden of a 3x3 filter is Winograd F(4x4, 3x3): output sizes of every residue
+    # mod 4 (padded tiles), several tile-row batches (the last one partial)
     import reference.conv2d as conv
     monkeypatch.setattr(conv, "WINOGRAD_TILE_ROWS", tile_rows)
     monkeypatch.setattr(conv, "WINOGRAD_MIN_OUTPUTS", 1)    # conv2d_maxpool takes it too
@@ -79,7 +80,7 @@ def test_winograd_3x3_float64_golden_matches_loops(shape, tile_rows, monkeypatch
                                    signed=True)
     got = conv._winograd3(X, Wt, bias, tile_rows=tile_rows)
     want = conv2d_loops(X, Wt, bias)
-    # Winograd's transforms add and halve: a few float64 ulps of the magnitudes
+    # Winograd's transforms scale by at most 8 and 1/24: about 1e-14 of the magnitudes
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     assert got.dtype == np.float64
     np.testing.assert_allclose(conv2d_maxpool(X, Wt, bias), want, rtol=1e-12, atol=1e-12)
