@@ -221,7 +221,7 @@ class Run:
                       len(instrs))
         instrs.append(instr)               # (Trace.append, inline)
         self.taint = None                  # the instruction is complete (nkisim.tensor.read)
-        # lifetimes of the tiles it touches (Memory.tick, inline: nkisim.memory)
+        # lifetimes of the tiles it touches: a clock tick, then Memory._stamp (nkisim.memory)
         memory = self.memory
         memory.clock += 1
         if TOUCHED:

@@ -81,7 +81,7 @@ class _TileRef(weakref.ref):
 
 
 # Allocations touched by the instruction being built: ``nkisim.tensor.region`` appends the root
-# of every operand it describes, ``Memory.tick`` (at ``Run.record``) stamps them.
+# of every operand it describes, ``Run.record`` advances the clock and stamps them (``_stamp``).
 TOUCHED: list = []
 
 
@@ -130,11 +130,6 @@ class Memory:
         ref = _TileRef(tensor, self._dead_cb)
         ref.alloc = alloc
         self.live[alloc.id] = ref
-
-    def tick(self) -> None:
-        """An instruction was recorded: stamp the allocations its operands touch."""
-        self.clock += 1
-        self._stamp(self.clock)
 
     def _stamp(self, now) -> None:
         for root in TOUCHED:
