@@ -204,9 +204,10 @@ class _ConvEntry:
     conv: np.ndarray
 
 
-def _array_digest(a) -> bytes:
+def _array_digest(a, extra: str = "") -> bytes:
+    """SHA-256 of an array's dtype, shape and bytes (and ``extra``)."""
     import hashlib
-    h = hashlib.sha256(f"{a.dtype.str}{a.shape}".encode())
+    h = hashlib.sha256(f"{a.dtype.str}{a.shape}{extra}".encode())
     h.update(np.ascontiguousarray(a).reshape(-1).view(np.uint8))
     return h.digest()
 
@@ -732,10 +733,7 @@ def _output_digest(out, k):
     comparisons. None for what is not a NumPy array."""
     if not isinstance(out, np.ndarray):
         return None
-    import hashlib
-    h = hashlib.sha256(f"{out.dtype.str}{out.shape}{float(k)!r}".encode())
-    h.update(np.ascontiguousarray(out).reshape(-1).view(np.uint8))
-    return h.digest()
+    return _array_digest(out, repr(float(k)))
 
 
 def _input_bytes(inputs: Inputs) -> int:
