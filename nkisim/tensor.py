@@ -1300,10 +1300,8 @@ def _merge_elems(a, b):
     (P, 1) operand broadcast along the free dimension; None when they do not line up."""
     if a is None or b is None or a.shape[0] != b.shape[0]:
         return None
-    if a.shape[1] == b.shape[1] or b.shape[1] == 1:
+    if a.shape[1] == b.shape[1] or 1 in (a.shape[1], b.shape[1]):
         return a | b
-    if a.shape[1] == 1:
-        return b | a
     return None
 
 

@@ -125,7 +125,6 @@ WINOGRAD_TILE_ROWS = 8       # tile rows per GEMM batch: 33 MB of float64 transf
 # Winograd against 0.08 s direct, 62x62 0.26 against 0.29-0.32, 110x110 0.42 against 0.45.
 WINOGRAD_MIN_OUTPUTS = 2048
 
-# Winograd F(4x4, 3x3) (Lavin & Gray 2016, the points 0, +-1, +-2, infinity)
 _BT4 = np.array([[4, 0, -5, 0, 1, 0],
                  [0, -4, -4, 1, 1, 0],
                  [0, 4, -4, -1, 1, 0],
@@ -164,7 +163,6 @@ def _comb(coefs, ins, out, tmp):
             t = tmp[: out.size].reshape(out.shape)
             np.multiply(a, c, out=t)
             np.add(out, t, out=out)
-
 
 
 def _winograd3(x, w, bias, acc_dtype=np.float64, tile_rows=WINOGRAD_TILE_ROWS):
