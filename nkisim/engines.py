@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import math
+import sys
 
 import numpy as np
 
@@ -31,7 +32,8 @@ from .ops import (
     reduced_shape,
     result_tile,
 )
-from .tensor import Tensor, fit, read, region
+from .tensor import (PENDING, PendingMatmul, Tensor, fit, materialize_pending, read,
+                     region)
 from .trace import DMA, GPSIMD, SCALAR, TENSOR, VECTOR
 
 F32 = dtypes.F32
@@ -653,6 +655,8 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     test_double_row_gen3 checks ``einsum("kli,klj->ij")`` (ref §1.10)."""
     run = context.current()
     api = "nc_matmul"
+    if PENDING:                 # one whose `+=` never consumed it: built now, in order
+        materialize_pending()
     if type(stationary) is Tensor and type(moving) is Tensor and \
             stationary.root.buffer == "sbuf" and moving.root.buffer == "sbuf" and \
             stationary._slots is None and moving._slots is None and \
@@ -725,8 +729,52 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     detail = {"K": K, "M": M, "N": N, "accumulate": False, "transpose": bool(is_transpose),
               "fp32": fp32, "flops": 0 if is_transpose else 2 * K * M * N,
               "dtype_in": dtypes.name(st.dtype)}
-    return result_tile(run, out.shape, F32, out, api, TENSOR, (st, mv), detail, nl.psum,
+    if mask is None and run.taint is None and _iadd_follows(sys._getframe(1)):
+        # `acc += nc_matmul(...)`: inplace adds the values without a result tile
+        # (nkisim.tensor.PendingMatmul; one pending at a time, consumed by the next bytecode)
+        p = PendingMatmul.__new__(PendingMatmul)
+        PENDING.append((p, run, out, st, mv, detail, site, _result))
+        return p
+    return result_tile(run, out.shape, F32, out, "nc_matmul", TENSOR, (st, mv), detail, nl.psum,
                        None if mask is None else _mask(mask, out.shape), None, True, site)
+
+
+def _result(run, out, st, mv, detail, site) -> Tensor:
+    """nc_matmul's result tile (no mask): what a PendingMatmul becomes when it is not added."""
+    return result_tile(run, out.shape, F32, out, "nc_matmul", TENSOR, (st, mv), detail, nl.psum,
+                       None, None, True, site)
+
+
+_IADD_CALLS: dict = {}      # code object -> offsets of its calls whose result `+=` adds
+
+
+def _iadd_follows(frame) -> bool:
+    """True when ``frame`` (nc_matmul's caller) is at a call whose result the next bytecode
+    adds in place (``acc += nisa.nc_matmul(...)``): CPython runs nothing in between."""
+    code = frame.f_code
+    sites = _IADD_CALLS.get(code)
+    if sites is None:
+        sites = _IADD_CALLS[code] = _iadd_calls(code)
+    return frame.f_lasti in sites
+
+
+def _iadd_calls(code) -> frozenset:
+    """Byte offsets of the call instructions directly followed by an in-place add (CPython
+    3.10: ``INPLACE_ADD``; 3.11+: ``BINARY_OP`` with ``+=``). While the callee runs,
+    ``frame.f_lasti`` is the byte offset of the call or, when the call has inline caches
+    (3.11, 3.12), of its last cache unit: both are kept (tests/nkisim/test_hot_path.py checks
+    the path is taken on the running interpreter; a miss would only cost the lazy path)."""
+    import dis
+    found = []
+    try:
+        ins = [i for i in dis.get_instructions(code) if i.opname != "CACHE"]
+    except Exception:           # noqa: BLE001 - an unusual code object: no lazy path
+        return frozenset()
+    for a, b in zip(ins, ins[1:]):
+        if a.opname.startswith("CALL") and (b.opname == "INPLACE_ADD" or (
+                b.opname == "BINARY_OP" and b.argrepr == "+=")):
+            found += (a.offset, b.offset - 2)   # (3.11 and 3.12 point at its last cache)
+    return frozenset(found)
 
 
 def _owned(out, *inputs) -> bool:

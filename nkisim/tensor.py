@@ -20,6 +20,7 @@ import linecache
 import math
 import re
 import sys
+import types
 from typing import NamedTuple
 
 import numpy as np
@@ -28,7 +29,7 @@ from . import checks, context, dtypes, psum_init
 from .errors import nki_error, shape_str
 from .indexing import IndexExpr, normalize_key, split_shape
 from .memory import TOUCHED
-from .trace import Region
+from .trace import TENSOR as TENSOR_ENGINE, Region
 
 # ---------------------------------------------------------------------------------------------
 # buffers
@@ -1779,8 +1780,176 @@ def _loop_reduce_into(run, dst: Tensor, value: Tensor) -> None:
                {"inputs": 2, "alu": name})
 
 
+# ---------------------------------------------------------------------------------------------
+# ``acc += nisa.nc_matmul(...)`` without the intermediate result tile (issue 12)
+#
+# ``acc += nc_matmul(a, b)`` is ONE Tensor Engine instruction accumulating into acc's PSUM bank;
+# simulated literally it built a whole result tile (allocation in the memory model, shadow,
+# record, lifetime) that ``inplace`` added and released at once: 25-30% of the interpreter's
+# time on a 224x224 conv2d. When ``nc_matmul`` sees that its caller's very next bytecode is an
+# in-place add (``engines._iadd_follows``: nothing can run in between), it returns a
+# ``PendingMatmul`` holding the computed values and what ``ops.result_tile`` needs;
+# ``inplace`` consumes it, making the same record, clock ticks, allocation-site count and
+# allocation id as the result tile would have, and the same checks, writes, warnings and
+# errors. Anything else that touches it (a non-PSUM or non-fp32 accumulator, a shape that
+# needs ``fit``, a NumPy array on the left of ``+=``...) materializes it first: the result tile
+# is built exactly as ``nc_matmul`` builds it otherwise, then the general code runs.
+
+# [(the PendingMatmul, run, values, stationary, moving, detail, site, build)]; ``build``
+# (nkisim.engines) makes the result tile with those arguments as nc_matmul does
+PENDING: list = []
+
+
+class PendingMatmul(Tensor):
+    """An ``nc_matmul`` result about to be added by ``+=``; its slots stay unset until
+    something other than ``inplace`` looks at it (``__getattr__`` then materializes it)."""
+
+    __slots__ = ()
+
+    # named as the tile it stands for: a message naming an operand's type reads the same
+    __name__ = __qualname__ = "Tensor"
+
+    def __getattr__(self, name):
+        if not (PENDING and PENDING[0][0] is self):
+            raise AttributeError(name)
+        materialize_pending()
+        return getattr(self, name)
+
+
+def _materializing(method):
+    """``method`` of a Tensor, for a PendingMatmul: materialize first (``x += pending`` with
+    an ``x`` that is not a Tensor reaches ``pending.__radd__``, which may check ``x`` before
+    touching ``self``: the instruction is recorded first, as for the result tile)."""
+    def call(self, *args, **kwargs):
+        if PENDING and PENDING[0][0] is self:
+            materialize_pending()
+        return method(self, *args, **kwargs)
+    call.__name__ = call.__qualname__ = method.__name__
+    call.__doc__ = method.__doc__
+    return call
+
+
+for _name, _method in list(Tensor.__dict__.items()):
+    if isinstance(_method, types.FunctionType) and _name != "__init__":
+        setattr(PendingMatmul, _name, _materializing(_method))
+
+
+def materialize_pending() -> None:
+    """Build the pending matmul's result tile as ``nc_matmul`` does (``ops.result_tile``) and
+    turn the PendingMatmul into that Tensor (same slots; the memory model's weak reference,
+    which ends the tile's lifetime when the kernel drops it, follows the object)."""
+    from .memory import _TileRef
+    obj, run, out, st, mv, detail, site, build = PENDING.pop()
+    t = build(run, out, st, mv, detail, site)
+    for name in _TENSOR_SLOTS:
+        setattr(obj, name, getattr(t, name))
+    obj.__class__ = Tensor
+    memory = run.memory
+    ref = memory.live.get(t.root.id)
+    if ref is not None and ref() is t:
+        new = _TileRef(obj, memory._dead_cb)
+        new.alloc = ref.alloc
+        memory.live[t.root.id] = new
+        del ref                 # (dropped before t: its callback never fires)
+
+
+_TENSOR_SLOTS = tuple(n for n in Tensor.__slots__ if n != "__weakref__")
+
+
+def _consume_pending(t: Tensor, p: PendingMatmul) -> bool:
+    """``t += p`` for a pending matmul, when ``t`` is a whole-values fp32 PSUM accumulator of
+    the result's shape: what ``result_tile`` + ``inplace`` do, without the result tile. False
+    (nothing done) otherwise."""
+    pend = PENDING[0]
+    run, out = pend[1], pend[2]
+    root = t.root
+    if root.buffer != "psum" or t.dtype != dtypes.F32 or t._slots is not None or \
+            out.shape != t.shape or p is not pend[0] or \
+            (out.shape, dtypes.F32, id(psum), False) not in run.alloc_specs:
+        # (a result shape allocated before in this run: its allocation cannot fail)
+        return False
+    PENDING.pop()
+    _, _, _, st, mv, detail, site, _ = pend
+    memory = run.memory
+    # the result tile's allocation, as _allocate_tile makes it: an id, a site count, a tick
+    next(_ids)
+    _site_key(run, "psum", site[0], site[1], True)
+    memory.clock += 1
+    detail["accumulate"] = True
+    M = out.shape[0]
+    instr = run.record("nc_matmul", TENSOR_ENGINE, (region(st), region(mv)), (region(t),),
+                       "float32", M, out.size // M, detail, site)
+    if t._ws is not None:    # the associative accumulation is exempt from race checks
+        written = root.full is True or (root.uniform is not None and root.uniform > 0)
+        fresh = None if written else checks.shadow_view(t) == 0
+        if fresh is not None and fresh.any():
+            _psum_ndarray_rule(run, t)
+            checks.check_read(run, _masked_shadow_view(t, ~fresh, run),
+                              "nc_matmul (accumulate)", accumulate=True)
+            acc = values(t).astype(np.float32) + out
+            write(t, np.where(fresh, out, acc), "nc_matmul", accumulate=True, run=run)
+            _accumulated(run, t, instr)
+            return True
+        checks.check_read(run, t, "nc_matmul (accumulate)", accumulate=True)
+    _add_into(run, t, out)
+    _accumulated(run, t, instr)
+    return True
+
+
+def _accumulated(run, t, instr) -> None:
+    """What ``inplace`` does after the accumulation: the lifetimes of the operands described
+    since the record (``Memory.release`` of the result tile stamps them), ``t._inplace``."""
+    if TOUCHED:
+        run.memory._stamp(run.memory.clock)
+    t._inplace = True
+
+
+def _psum_ndarray_rule(run, t) -> None:
+    # The first matmul of an accumulation group overwrites the PSUM bank, later
+    # ones accumulate (arch guide, "Near-memory accumulation in PSUM"; nki 0.3
+    # nc_matmul accumulate=None: "the first write to a PSUM location overwrites
+    # and later writes accumulate, this matches NKI 0.2.0 behavior"). AWS's
+    # tutorials/attention_fwd_performance and reference/allocated_fused_linear.py
+    # accumulate into nl.ndarray PSUM tiles: not an uninitialized read. The docs'
+    # pattern starts from nl.zeros: a tolerated rule.
+    run.rule(("psum_ndarray_acc", t.root.id),
+             f"`{t.name} += nisa.nc_matmul(...)` into a PSUM tile created without "
+             "zeros (nl.ndarray): the first matmul overwrites it",
+             "condition 1: a psum buffer with zeros",
+             "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/nki/"
+             "arch/trainium_inferentia2_arch.html#near-memory-accumulation-in-psum")
+
+
+def _add_into(run, t, inc) -> None:
+    """``t += inc`` for an fp32 PSUM accumulator whose elements a matmul wrote."""
+    if t._idx is None and t.dtype == dtypes.F32 and t._slots is None and \
+            t._arr.dtype == dtypes.F32:
+        # fp32 PSUM: accumulate in place (one pass over the tile, no temporary)
+        root = t.root
+        ws = t._ws
+        if t._oob is None and t._mask is None and root.unpoisoned is None and \
+                not root.adopted and not root.param and \
+                (ws is None or (ws is checks.LAZY and root.shadow is None and
+                                checks._covers(t))):
+            # what ``write(add=inc)`` does for a whole tile with no element-wise shadow
+            # (one call layer less on the commonest instruction, issue 12)
+            if ws is not None:
+                checks.check_write(run, t, "nc_matmul", True)
+            np.add(t._arr, inc, out=t._arr)
+            if run.taint is not None:
+                _apply_taint(run, t, "nc_matmul", None)
+        else:
+            write(t, None, "nc_matmul", accumulate=True, run=run, add=inc)
+    else:
+        write(t, values(t).astype(np.float32) + inc, "nc_matmul", accumulate=True, run=run)
+
+
 def inplace(t: Tensor, other, opname: str) -> Tensor:
     """``t += x`` etc. ``psum += nisa.nc_matmul(...)`` is the PSUM accumulation pattern."""
+    if type(other) is PendingMatmul:
+        if opname == "add" and _consume_pending(t, other):
+            return t
+        materialize_pending()       # then as for any result tile
     run = context.current()
     instr = other._producer if isinstance(other, Tensor) else None
     if instr is not None and opname == "add" and instr.op == "nc_matmul" and \
@@ -1802,19 +1971,7 @@ def inplace(t: Tensor, other, opname: str) -> Tensor:
             written = root.full is True or (root.uniform is not None and root.uniform > 0)
             fresh = None if written else checks.shadow_view(t) == 0
             if fresh is not None and fresh.any():
-                # The first matmul of an accumulation group overwrites the PSUM bank, later
-                # ones accumulate (arch guide, "Near-memory accumulation in PSUM"; nki 0.3
-                # nc_matmul accumulate=None: "the first write to a PSUM location overwrites
-                # and later writes accumulate, this matches NKI 0.2.0 behavior"). AWS's
-                # tutorials/attention_fwd_performance and reference/allocated_fused_linear.py
-                # accumulate into nl.ndarray PSUM tiles: not an uninitialized read. The docs'
-                # pattern starts from nl.zeros: a tolerated rule.
-                run.rule(("psum_ndarray_acc", t.root.id),
-                         f"`{t.name} += nisa.nc_matmul(...)` into a PSUM tile created without "
-                         "zeros (nl.ndarray): the first matmul overwrites it",
-                         "condition 1: a psum buffer with zeros",
-                         "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/nki/"
-                         "arch/trainium_inferentia2_arch.html#near-memory-accumulation-in-psum")
+                _psum_ndarray_rule(run, t)
                 checks.check_read(run, _masked_shadow_view(t, ~fresh, run),
                                   "nc_matmul (accumulate)", accumulate=True)
             else:
@@ -1826,26 +1983,8 @@ def inplace(t: Tensor, other, opname: str) -> Tensor:
         if fresh is not None and fresh.any():
             acc = values(t).astype(np.float32) + inc
             write(t, np.where(fresh, inc, acc), "nc_matmul", accumulate=True, run=run)
-        elif t._idx is None and t.dtype == dtypes.F32 and t._slots is None and \
-                t._arr.dtype == dtypes.F32:
-            # fp32 PSUM: accumulate in place (one pass over the tile, no temporary)
-            root = t.root
-            ws = t._ws
-            if t._oob is None and t._mask is None and root.unpoisoned is None and \
-                    not root.adopted and not root.param and \
-                    (ws is None or (ws is checks.LAZY and root.shadow is None and
-                                    checks._covers(t))):
-                # what ``write(add=inc)`` does for a whole tile with no element-wise shadow
-                # (one call layer less on the commonest instruction, issue 12)
-                if ws is not None:
-                    checks.check_write(run, t, "nc_matmul", True)
-                np.add(t._arr, inc, out=t._arr)
-                if run.taint is not None:
-                    _apply_taint(run, t, "nc_matmul", None)
-            else:
-                write(t, None, "nc_matmul", accumulate=True, run=run, add=inc)
         else:
-            write(t, values(t).astype(np.float32) + inc, "nc_matmul", accumulate=True, run=run)
+            _add_into(run, t, inc)
         if other._ws is not None and t._ws is not None and other.root.taint is not None:
             inherit_taint(t, other)
         instr.writes = (region(t),)

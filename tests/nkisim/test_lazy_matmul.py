@@ -1,0 +1,246 @@
+"""``acc += nisa.nc_matmul(...)`` without the intermediate result tile (issue 12).
+
+``nc_matmul`` returns a ``PendingMatmul`` when its caller's next bytecode is ``+=``; ``inplace``
+adds it without building the result tile (nkisim.tensor, "acc += nisa.nc_matmul(...) without the
+intermediate result tile"). Every test runs its kernel twice, with that path and with it turned
+off (``engines._iadd_follows`` answering False: the general path, result tile and all), and
+compares what a user or a later stage can see: the outputs, the error, the warnings, every trace
+record (regions, detail, loops, line, index), the lifetimes, the memory clock, the peaks. The
+tests also check that the path is taken where it should be, so they cannot pass by never
+exercising it.
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from nkisim import engines, runtime
+from nkisim import tensor as tensor_mod
+from nkisim.beta1 import isa as nisa
+from nkisim.beta1 import language as nl
+from nkisim.beta1 import simulate_kernel
+
+
+def _digest(run):
+    hbm = {}        # HBM regions are keyed by a process-wide allocation id: numbered per run
+
+    def regions(rs):
+        return tuple(r._replace(key=hbm.setdefault(r.key, len(hbm))) if r.buffer == "hbm"
+                     else r for r in rs)
+    recs = [(i.op, i.engine, regions(i.reads), regions(i.writes), i.dtype, i.partitions,
+             i.free, sorted(i.detail.items()), i.loops, i.file, i.line, i.index)
+            for i in run.trace.instrs]
+    mem = run.memory
+    return recs, sorted(mem.dead), mem.clock, sorted(mem.sites.items(), key=repr), \
+        run.trace.peak_sbuf_bytes, run.trace.peak_psum_banks
+
+
+def _simulate(kernel, args, lazy, monkeypatch, checks):
+    """(outputs, error, warnings, digest, (pending matmuls made, of which materialized))."""
+    made, built = [], []
+    with monkeypatch.context() as m:
+        if lazy:        # count through functions that emit no diagnostics (warning lines)
+            follows, result = engines._iadd_follows, engines._result
+
+            def follows_spy(frame):
+                pending = follows(frame)
+                made.append(pending)
+                return pending
+
+            def result_spy(*a):
+                built.append(True)
+                return result(*a)
+            m.setattr(engines, "_iadd_follows", follows_spy)
+            m.setattr(engines, "_result", result_spy)
+        else:
+            m.setattr(engines, "_iadd_follows", lambda frame: False)
+        m.setenv("NKISIM_CHECKS", checks)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = err = None
+            try:
+                out = simulate_kernel(kernel, *args)
+            except Exception as e:      # noqa: BLE001 - compared between the two paths
+                err = (type(e).__name__, str(e))
+        if err is None:
+            assert not tensor_mod.PENDING       # nothing left pending after a run
+        tensor_mod.PENDING.clear()
+        return out, err, [(w.category, str(w.message), w.lineno) for w in caught], \
+            _digest(runtime.last_run()), (made.count(True), len(built))
+
+
+def _same(kernel, args, monkeypatch, checks="all"):
+    got = _simulate(kernel, args, True, monkeypatch, checks)
+    want = _simulate(kernel, args, False, monkeypatch, checks)
+    if want[0] is None:
+        assert got[0] is None
+    else:
+        np.testing.assert_array_equal(got[0], want[0])
+    assert got[1] == want[1]
+    assert got[2] == want[2]
+    assert got[3] == want[3]
+    assert want[4] == (0, 0)
+    return got
+
+
+RNG = np.random.default_rng(0)
+A = RNG.random((2, 128, 128), dtype=np.float32)
+X = RNG.random((128, 2, 6, 40), dtype=np.float32)      # [K, C_in tile, rows, width]
+
+
+def _conv_like(psum_init):
+    """conv2d's accumulation: 3-D windows of a 4-D SBUF band, several accumulation groups."""
+    def kernel(a, x):
+        out = nl.ndarray((128, 4, 2, 38), dtype=nl.float32, buffer=nl.shared_hbm)
+        at = nl.ndarray((128, 2, 128), dtype=nl.float32, buffer=nl.sbuf)
+        for c in nl.affine_range(2):
+            at[:, c, :] = nl.load(a[c])
+        xt = nl.load(x)
+        for g in nl.affine_range(4):
+            if psum_init:
+                ps = nl.zeros((128, 2, 38), dtype=nl.float32, buffer=nl.psum)
+            else:
+                ps = nl.ndarray((128, 2, 38), dtype=nl.float32, buffer=nl.psum)
+            for c in nl.affine_range(2):
+                for dj in nl.affine_range(3):
+                    ps += nisa.nc_matmul(at[:, c, :], xt[:, c, g:g + 2, dj:dj + 38])
+            nl.store(out[:, g], nisa.tensor_copy(ps))
+        return out
+    return kernel
+
+
+def _conv_want():
+    want = np.zeros((128, 4, 2, 38), np.float32)
+    for g in range(4):
+        for c in range(2):
+            for dj in range(3):
+                want[:, g] += np.einsum("km,krc->mrc", A[c], X[:, c, g:g + 2, dj:dj + 38])
+    return want
+
+
+@pytest.mark.parametrize("checks", ["all", "none"])
+def test_conv_accumulation_equals_the_result_tile_path(monkeypatch, checks):
+    got = _same(_conv_like(True), (A, X), monkeypatch, checks)
+    np.testing.assert_allclose(got[0], _conv_want(), rtol=1e-5)
+    # the first matmul of a result shape builds its tile (its allocation is validated once),
+    # every other one is consumed
+    assert got[4] == (24, 1)
+
+
+def test_psum_ndarray_accumulator_rule_and_values(monkeypatch):
+    got = _same(_conv_like(False), (A, X), monkeypatch)
+    np.testing.assert_allclose(got[0], _conv_want(), rtol=1e-5)
+    assert any("created without zeros" in m for _, m, _ in got[2])
+    assert got[4] == (24, 1)
+
+
+def _acc_kernel(buffer, dtype, acc_shape, moving, view=False, numpy_lhs=False):
+    def kernel(a, b):
+        out = nl.ndarray(acc_shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        at = nl.load(a[0])
+        bt = nl.load(b)
+        acc = nl.zeros(acc_shape, dtype=dtype, buffer=buffer)
+        for _ in nl.affine_range(3):
+            if numpy_lhs:
+                host = np.zeros(acc_shape, np.float32)
+                host += nisa.nc_matmul(at, bt[moving])
+            elif view:
+                acc[:, 0:64] += nisa.nc_matmul(at, bt[moving])
+            else:
+                acc += nisa.nc_matmul(at, bt[moving])
+        nl.store(out, nisa.tensor_copy(acc, dtype=nl.float32))
+        return out
+    return kernel
+
+
+B = RNG.random((128, 128), dtype=np.float32)
+FULL = (slice(None), slice(0, 128))
+
+
+@pytest.mark.parametrize("case", ["sbuf_acc", "bf16_acc", "needs_fit", "view", "numpy_lhs",
+                                  "shape_error"])
+def test_other_accumulators_build_the_result_tile_as_before(monkeypatch, case):
+    kernel = {
+        "sbuf_acc": _acc_kernel(nl.sbuf, nl.float32, (128, 128), FULL),
+        "bf16_acc": _acc_kernel(nl.psum, nl.bfloat16, (128, 128), FULL),
+        "needs_fit": _acc_kernel(nl.psum, nl.float32, (128, 2, 64), FULL),
+        "view": _acc_kernel(nl.psum, nl.float32, (128, 128), (slice(None), slice(0, 64)),
+                            view=True),
+        "numpy_lhs": _acc_kernel(nl.psum, nl.float32, (128, 128), FULL, numpy_lhs=True),
+        "shape_error": _acc_kernel(nl.psum, nl.float32, (128, 64), FULL),
+    }[case]
+    got = _same(kernel, (A, B), monkeypatch)
+    made, built = got[4]
+    if case == "view":
+        assert got[1] is None and (made, built) == (3, 1)     # a PSUM view is consumed too
+    elif case == "numpy_lhs":
+        assert "got ndarray" in got[1][1] and made == 1        # never touched: same error
+    else:
+        assert made == built > 0            # every one materialized: the result-tile path
+        if case == "bf16_acc":
+            assert any("PSUM accumulator" in m for _, m, _ in got[2])
+        elif case == "sbuf_acc":
+            assert "psum" in got[1][1].lower()
+        elif case == "needs_fit":
+            assert got[1] is None
+        else:
+            assert got[1] is not None
+
+
+def test_an_unconsumed_pending_result_materializes_in_order(monkeypatch):
+    """`r = nc_matmul(...)` followed by `+=` somewhere else, and a pending matmul used as a
+    plain tile: both take the result-tile path (same records, lifetimes)."""
+    def kernel(a, b):
+        out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        at = nl.load(a[0])
+        bt = nl.load(b)
+        acc = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+        r = nisa.nc_matmul(at, bt)
+        s = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.sbuf)     # noqa: F841
+        acc += r
+        acc += nisa.nc_matmul(at, bt) * 2.0
+        nl.store(out, nisa.tensor_copy(acc))
+        return out
+    got = _same(kernel, (A, B), monkeypatch)
+    np.testing.assert_allclose(got[0], 3 * (A[0].T @ B), rtol=1e-5)
+    assert got[4] == (0, 0)
+
+
+def test_never_written_operand_taint_is_unchanged(monkeypatch):
+    """A moving tile with never-written columns: the accumulator's garbage columns and the
+    warning at the store are those of the result-tile path (no pending result: the taint
+    goes through the result tile)."""
+    def kernel(a, b):
+        out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        at = nl.load(a[0])
+        bt = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+        bt[:, 0:64] = nl.load(b[:, 0:64])
+        acc = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+        for _ in nl.affine_range(3):
+            acc += nisa.nc_matmul(at, bt)
+        nl.store(out, nisa.tensor_copy(acc))
+        return out
+    got = _same(kernel, (A, B), monkeypatch)
+    assert any("only partly written" in m for _, m, _ in got[2]) and got[4] == (0, 0)
+    assert np.isnan(got[0][:, 64:]).all() and not np.isnan(got[0][:, :64]).any()
+
+
+def test_the_lazy_path_is_taken_on_this_interpreter():
+    """``_iadd_follows`` recognises ``acc += nisa.nc_matmul(...)`` from the running CPython's
+    bytecode (f_lasti conventions changed in 3.11), and nothing else."""
+    import sys
+    seen = []
+
+    def probe():
+        seen.append(engines._iadd_follows(sys._getframe(1)))
+        return 1
+
+    x = 0
+    x += probe()
+    y = probe() + 1
+    x += (probe(),
+          2)[0]
+    x += probe(
+    )
+    assert seen == [True, False, False, True] and x + y
