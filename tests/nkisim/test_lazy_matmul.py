@@ -135,7 +135,8 @@ def test_psum_ndarray_accumulator_rule_and_values(monkeypatch):
     assert got[4] == (24, 1)
 
 
-def _acc_kernel(buffer, dtype, acc_shape, moving, view=False, numpy_lhs=False):
+def _acc_kernel(buffer, dtype, acc_shape, moving, view=False, numpy_lhs=False,
+                same_line=False):
     def kernel(a, b):
         out = nl.ndarray(acc_shape, dtype=nl.float32, buffer=nl.shared_hbm)
         at = nl.load(a[0])
@@ -147,6 +148,8 @@ def _acc_kernel(buffer, dtype, acc_shape, moving, view=False, numpy_lhs=False):
                 host += nisa.nc_matmul(at, bt[moving])
             elif view:
                 acc[:, 0:64] += nisa.nc_matmul(at, bt[moving])
+            elif same_line:     # a PSUM tile allocated on the matmul line after it: its key
+                acc += nisa.nc_matmul(at, bt[moving]); t = nisa.nc_transpose(bt)  # noqa: E702,F841
             else:
                 acc += nisa.nc_matmul(at, bt[moving])
         nl.store(out, nisa.tensor_copy(acc, dtype=nl.float32))
@@ -159,7 +162,7 @@ FULL = (slice(None), slice(0, 128))
 
 
 @pytest.mark.parametrize("case", ["sbuf_acc", "bf16_acc", "needs_fit", "view", "numpy_lhs",
-                                  "shape_error"])
+                                  "shape_error", "same_line"])
 def test_other_accumulators_build_the_result_tile_as_before(monkeypatch, case):
     kernel = {
         "sbuf_acc": _acc_kernel(nl.sbuf, nl.float32, (128, 128), FULL),
@@ -169,10 +172,11 @@ def test_other_accumulators_build_the_result_tile_as_before(monkeypatch, case):
                             view=True),
         "numpy_lhs": _acc_kernel(nl.psum, nl.float32, (128, 128), FULL, numpy_lhs=True),
         "shape_error": _acc_kernel(nl.psum, nl.float32, (128, 64), FULL),
+        "same_line": _acc_kernel(nl.psum, nl.float32, (128, 128), FULL, same_line=True),
     }[case]
     got = _same(kernel, (A, B), monkeypatch)
     made, built = got[4]
-    if case == "view":
+    if case in ("view", "same_line"):
         assert got[1] is None and (made, built) == (3, 1)     # a PSUM view is consumed too
     elif case == "numpy_lhs":
         assert "got ndarray" in got[1][1] and made == 1        # never touched: same error
