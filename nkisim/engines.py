@@ -702,7 +702,13 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
         if any(int(v) % 32 for v in tuple(tile_position) + tuple(tile_size)):
             raise nki_error("nkisim_invalid_argument", api=api,
                             why="tile_position and tile_size must be multiples of 32")
-    site = context.caller_location()        # the kernel's line (for result_tile)
+    caller = sys._getframe(1)
+    code = caller.f_code
+    if code.co_filename.startswith(context._PKG_DIR):
+        caller = None                       # (called by a face: never `+=` its result)
+        site = context.caller_location()    # the kernel's line (for result_tile)
+    else:
+        site = (code.co_filename, caller.f_lineno)      # (what caller_location finds)
     a = read(st, api, run)
     if a.dtype is not F32:
         a = dtypes.to_f32(a)
@@ -729,7 +735,7 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     detail = {"K": K, "M": M, "N": N, "accumulate": False, "transpose": bool(is_transpose),
               "fp32": fp32, "flops": 0 if is_transpose else 2 * K * M * N,
               "dtype_in": dtypes.name(st.dtype)}
-    if mask is None and run.taint is None and _iadd_follows(sys._getframe(1)):
+    if mask is None and caller is not None and run.taint is None and _iadd_follows(caller):
         # `acc += nc_matmul(...)`: inplace adds the values without a result tile
         # (nkisim.tensor.PendingMatmul; one pending at a time, consumed by the next bytecode)
         p = PendingMatmul.__new__(PendingMatmul)

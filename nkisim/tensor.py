@@ -1871,9 +1871,12 @@ def _consume_pending(t: Tensor, p: PendingMatmul) -> bool:
     PENDING.pop()
     _, _, _, st, mv, detail, site, _ = pend
     memory = run.memory
-    # the result tile's allocation, as _allocate_tile makes it: an id, a site count, a tick
+    # the result tile's allocation, as _allocate_tile makes it: an id, a site count (what
+    # _site_key counts), a clock tick
     next(_ids)
-    _site_key(run, "psum", site[0], site[1], True)
+    counts = memory.site_counts
+    key = ("psum", site[0], site[1], run.epoch)
+    counts[key] = counts.get(key, 0) + 1
     memory.clock += 1
     detail["accumulate"] = True
     M = out.shape[0]
