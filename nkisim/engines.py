@@ -32,8 +32,7 @@ from .ops import (
     reduced_shape,
     result_tile,
 )
-from .tensor import (PENDING, PendingMatmul, Tensor, fit, materialize_pending, read,
-                     region)
+from .tensor import PENDING, PendingMatmul, Tensor, fit, materialize_pending, read, region
 from .trace import DMA, GPSIMD, SCALAR, TENSOR, VECTOR
 
 F32 = dtypes.F32

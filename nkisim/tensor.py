@@ -29,7 +29,8 @@ from . import checks, context, dtypes, psum_init
 from .errors import nki_error, shape_str
 from .indexing import IndexExpr, normalize_key, split_shape
 from .memory import TOUCHED
-from .trace import TENSOR as TENSOR_ENGINE, Region
+from .trace import TENSOR as TENSOR_ENGINE
+from .trace import Region
 
 # ---------------------------------------------------------------------------------------------
 # buffers
