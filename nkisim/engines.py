@@ -646,8 +646,12 @@ def _psum_operand(run, t, api, param):
 
 def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onezero=False,
               is_transpose=False, tile_position=(), tile_size=(), mask=None, perf_mode=None,
-              **kwargs):
+              _defer=False, **kwargs):
     """``stationary.T @ moving`` on the Tensor Engine; fp32 result in a PSUM tile.
+
+    ``_defer`` (the current face's ``nc_matmul(dst, ...)``): return a PendingMatmul when
+    no mask and no never-written operand value make the result tile needed (see
+    ``nkisim.tensor.PendingMatmul``), as for ``acc += nc_matmul(...)``.
 
     ``perf_mode='double_row_gen3'`` (trn2 fp8 double-row): stationary [K, 2, M] and moving
     [K, 2, N], contracting over (K, 2): AWS's SDK test test_nki_isa_nc_matmul.py::
@@ -734,7 +738,8 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     detail = {"K": K, "M": M, "N": N, "accumulate": False, "transpose": bool(is_transpose),
               "fp32": fp32, "flops": 0 if is_transpose else 2 * K * M * N,
               "dtype_in": dtypes.name(st.dtype)}
-    if mask is None and caller is not None and run.taint is None and _iadd_follows(caller):
+    if LAZY_RESULTS and mask is None and run.taint is None and (
+            _defer or (caller is not None and _iadd_follows(caller))):
         # `acc += nc_matmul(...)`: inplace adds the values without a result tile
         # (nkisim.tensor.PendingMatmul; one pending at a time, consumed by the next bytecode)
         p = PendingMatmul.__new__(PendingMatmul)
@@ -749,6 +754,9 @@ def _result(run, out, st, mv, detail, site) -> Tensor:
     return result_tile(run, out.shape, F32, out, "nc_matmul", TENSOR, (st, mv), detail, nl.psum,
                        None, None, True, site)
 
+
+# False: every nc_matmul builds its result tile (tests compare both paths with it)
+LAZY_RESULTS = True
 
 _IADD_CALLS: dict = {}      # code object -> offsets of its calls whose result `+=` adds
 

@@ -1857,6 +1857,32 @@ def materialize_pending() -> None:
 _TENSOR_SLOTS = tuple(n for n in Tensor.__slots__ if n != "__weakref__")
 
 
+def pending_allocatable(run, out) -> bool:
+    """The result tile of a pending matmul has a shape this run allocated before: its
+    allocation could not fail (``allocate``'s checks ran and were cached in ``alloc_specs``),
+    so leaving it out changes nothing but its lifetime (discarded by ``release`` anyway)."""
+    return (out.shape, dtypes.F32, id(psum), False) in run.alloc_specs
+
+
+def record_pending(t: Tensor):
+    """Pop the pending matmul and record it as writing ``t``, with the effects the result
+    tile's allocation would have had on what is observable: an allocation id, the count of
+    its allocation site (what ``_site_key`` counts), a clock tick. Returns (the Instr, the
+    values). The caller writes ``t`` and then stamps the operands described since
+    (``Memory.release`` of the result tile did)."""
+    _, run, out, st, mv, detail, site, _ = PENDING.pop()
+    memory = run.memory
+    next(_ids)
+    counts = memory.site_counts
+    key = ("psum", site[0], site[1], run.epoch)
+    counts[key] = counts.get(key, 0) + 1
+    memory.clock += 1
+    M = out.shape[0]
+    instr = run.record("nc_matmul", TENSOR_ENGINE, (region(st), region(mv)), (region(t),),
+                       "float32", M, out.size // M, detail, site)
+    return instr, out
+
+
 def _consume_pending(t: Tensor, p: PendingMatmul) -> bool:
     """``t += p`` for a pending matmul, when ``t`` is a whole-values fp32 PSUM accumulator of
     the result's shape: what ``result_tile`` + ``inplace`` do, without the result tile. False
@@ -1865,24 +1891,10 @@ def _consume_pending(t: Tensor, p: PendingMatmul) -> bool:
     run, out = pend[1], pend[2]
     root = t.root
     if root.buffer != "psum" or t.dtype != dtypes.F32 or t._slots is not None or \
-            out.shape != t.shape or p is not pend[0] or \
-            (out.shape, dtypes.F32, id(psum), False) not in run.alloc_specs:
-        # (a result shape allocated before in this run: its allocation cannot fail)
+            out.shape != t.shape or p is not pend[0] or not pending_allocatable(run, out):
         return False
-    PENDING.pop()
-    _, _, _, st, mv, detail, site, _ = pend
-    memory = run.memory
-    # the result tile's allocation, as _allocate_tile makes it: an id, a site count (what
-    # _site_key counts), a clock tick
-    next(_ids)
-    counts = memory.site_counts
-    key = ("psum", site[0], site[1], run.epoch)
-    counts[key] = counts.get(key, 0) + 1
-    memory.clock += 1
-    detail["accumulate"] = True
-    M = out.shape[0]
-    instr = run.record("nc_matmul", TENSOR_ENGINE, (region(st), region(mv)), (region(t),),
-                       "float32", M, out.size // M, detail, site)
+    pend[5]["accumulate"] = True
+    instr, out = record_pending(t)
     if t._ws is not None:    # the associative accumulation is exempt from race checks
         written = root.full is True or (root.uniform is not None and root.uniform > 0)
         fresh = None if written else checks.shadow_view(t) == 0

@@ -31,13 +31,19 @@ from .. import gather as _gather
 from .. import ops as _ops
 from .. import registers as _registers
 from ..errors import nki_error, shape_str
+from ..memory import TOUCHED
 from ..tensor import (
+    PENDING,
+    PendingMatmul,
     Tensor,
     _masked_shadow_view,
     accumulator_garbage,
     assign,
     fit,
     inherit_taint,
+    materialize_pending,
+    pending_allocatable,
+    record_pending,
     region,
     taint_elements,
     values,
@@ -928,10 +934,24 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     res = _core.nc_matmul(stationary, moving, is_stationary_onezero=is_stationary_onezero,
                           is_moving_onezero=is_moving_onezero, is_transpose=is_transpose,
                           tile_position=tile_position, tile_size=tile_size,
-                          perf_mode=None if pm is matmul_perf_mode.none else pm.name)
-    _same_elements(dst, res, api)
-    instr = res._producer
-    inc = fit(values(res), dst.shape, res.shape)
+                          perf_mode=None if pm is matmul_perf_mode.none else pm.name,
+                          _defer=True)
+    pending = type(res) is PendingMatmul
+    if pending:
+        # no result tile unless something needs it (nkisim.tensor.PendingMatmul, issue 12)
+        out = PENDING[0][2]
+        ds = dst.shape
+        if (ds[0] if ds else 1) == out.shape[0] and math.prod(ds) == out.size and \
+                pending_allocatable(run, out):
+            instr, out = record_pending(dst)
+            inc = fit(out, ds, out.shape)
+        else:
+            materialize_pending()       # then as for any result tile (and its errors)
+            pending = False
+    if not pending:
+        _same_elements(dst, res, api)
+        instr = res._producer
+        inc = fit(values(res), dst.shape, res.shape)
     init = psum_init.get(dst)        # per element: did a matmul initialise it?
     init_all = bool(init.all())
     init_any = init_all or bool(init.any())
@@ -965,13 +985,18 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
             taint_elements(run, dst, garbage)
     else:
         write(dst, inc, api, run=run)
-    inherit_taint(dst, res)
+    if not pending:
+        inherit_taint(dst, res)         # (a pending result holds no never-written value)
     if not init_all:
         psum_init.mark(dst)
     instr.writes = (region(dst),)
     instr.detail["accumulate"] = add_any
-    run.memory.release(res.root)
-    res._producer = None
+    if pending:
+        if TOUCHED:                     # (what releasing the result tile stamps)
+            run.memory._stamp(run.memory.clock)
+    else:
+        run.memory.release(res.root)
+        res._producer = None
     return _handle(instr, name)
 
 

@@ -16,10 +16,12 @@ import numpy as np
 import pytest
 
 from nkisim import engines, runtime
+from nkisim import nki as nki_face
 from nkisim import tensor as tensor_mod
 from nkisim.beta1 import isa as nisa
 from nkisim.beta1 import language as nl
 from nkisim.beta1 import simulate_kernel
+from nkisim.nki import isa as nki_isa
 
 
 def _digest(run):
@@ -36,12 +38,15 @@ def _digest(run):
         run.trace.peak_sbuf_bytes, run.trace.peak_psum_banks
 
 
-def _simulate(kernel, args, lazy, monkeypatch, checks):
-    """(outputs, error, warnings, digest, (pending matmuls made, of which materialized))."""
-    made, built = [], []
+def _simulate(call, lazy, monkeypatch, checks):
+    """Run ``call()``: (outputs, error, warnings, digest, (``acc += nc_matmul`` results made
+    pending, pending results materialized, current-face matmuls recorded without a result
+    tile))."""
+    made, built, face = [], [], []
     with monkeypatch.context() as m:
         if lazy:        # count through functions that emit no diagnostics (warning lines)
-            follows, result = engines._iadd_follows, engines._result
+            follows, result, record = engines._iadd_follows, engines._result, \
+                nki_isa.record_pending
 
             def follows_spy(frame):
                 pending = follows(frame)
@@ -51,36 +56,44 @@ def _simulate(kernel, args, lazy, monkeypatch, checks):
             def result_spy(*a):
                 built.append(True)
                 return result(*a)
+
+            def record_spy(t):
+                face.append(True)
+                return record(t)
             m.setattr(engines, "_iadd_follows", follows_spy)
             m.setattr(engines, "_result", result_spy)
+            m.setattr(nki_isa, "record_pending", record_spy)
         else:
-            m.setattr(engines, "_iadd_follows", lambda frame: False)
+            m.setattr(engines, "LAZY_RESULTS", False)
         m.setenv("NKISIM_CHECKS", checks)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             out = err = None
             try:
-                out = simulate_kernel(kernel, *args)
+                out = call()
             except Exception as e:      # noqa: BLE001 - compared between the two paths
                 err = (type(e).__name__, str(e))
         if err is None:
             assert not tensor_mod.PENDING       # nothing left pending after a run
         tensor_mod.PENDING.clear()
         return out, err, [(w.category, str(w.message), w.lineno) for w in caught], \
-            _digest(runtime.last_run()), (made.count(True), len(built))
+            _digest(runtime.last_run()), (made.count(True), len(built), len(face))
 
 
-def _same(kernel, args, monkeypatch, checks="all"):
-    got = _simulate(kernel, args, True, monkeypatch, checks)
-    want = _simulate(kernel, args, False, monkeypatch, checks)
+def _same(kernel, args, monkeypatch, checks="all", face=False):
+    def call():
+        return kernel(*args) if face else simulate_kernel(kernel, *args)
+    got = _simulate(call, True, monkeypatch, checks)
+    want = _simulate(call, False, monkeypatch, checks)
     if want[0] is None:
         assert got[0] is None
     else:
-        np.testing.assert_array_equal(got[0], want[0])
+        for g, w in zip(*(o if isinstance(o, tuple) else (o,) for o in (got[0], want[0]))):
+            np.testing.assert_array_equal(g, w)
     assert got[1] == want[1]
     assert got[2] == want[2]
     assert got[3] == want[3]
-    assert want[4] == (0, 0)
+    assert want[4] == (0, 0, 0)
     return got
 
 
@@ -125,14 +138,14 @@ def test_conv_accumulation_equals_the_result_tile_path(monkeypatch, checks):
     np.testing.assert_allclose(got[0], _conv_want(), rtol=1e-5)
     # the first matmul of a result shape builds its tile (its allocation is validated once),
     # every other one is consumed
-    assert got[4] == (24, 1)
+    assert got[4] == (24, 1, 0)
 
 
 def test_psum_ndarray_accumulator_rule_and_values(monkeypatch):
     got = _same(_conv_like(False), (A, X), monkeypatch)
     np.testing.assert_allclose(got[0], _conv_want(), rtol=1e-5)
     assert any("created without zeros" in m for _, m, _ in got[2])
-    assert got[4] == (24, 1)
+    assert got[4] == (24, 1, 0)
 
 
 def _acc_kernel(buffer, dtype, acc_shape, moving, view=False, numpy_lhs=False,
@@ -175,7 +188,7 @@ def test_other_accumulators_build_the_result_tile_as_before(monkeypatch, case):
         "same_line": _acc_kernel(nl.psum, nl.float32, (128, 128), FULL, same_line=True),
     }[case]
     got = _same(kernel, (A, B), monkeypatch)
-    made, built = got[4]
+    made, built, _ = got[4]
     if case in ("view", "same_line"):
         assert got[1] is None and (made, built) == (3, 1)     # a PSUM view is consumed too
     elif case == "numpy_lhs":
@@ -208,7 +221,7 @@ def test_an_unconsumed_pending_result_materializes_in_order(monkeypatch):
         return out
     got = _same(kernel, (A, B), monkeypatch)
     np.testing.assert_allclose(got[0], 3 * (A[0].T @ B), rtol=1e-5)
-    assert got[4] == (0, 0)
+    assert got[4] == (0, 0, 0)
 
 
 def test_never_written_operand_taint_is_unchanged(monkeypatch):
@@ -226,7 +239,7 @@ def test_never_written_operand_taint_is_unchanged(monkeypatch):
         nl.store(out, nisa.tensor_copy(acc))
         return out
     got = _same(kernel, (A, B), monkeypatch)
-    assert any("only partly written" in m for _, m, _ in got[2]) and got[4] == (0, 0)
+    assert any("only partly written" in m for _, m, _ in got[2]) and got[4] == (0, 0, 0)
     assert np.isnan(got[0][:, 64:]).all() and not np.isnan(got[0][:, :64]).any()
 
 
@@ -248,3 +261,74 @@ def test_the_lazy_path_is_taken_on_this_interpreter():
     x += probe(
     )
     assert seen == [True, False, False, True] and x + y
+
+
+# the current face: nc_matmul(dst, stationary, moving, accumulate=...) defers its result too
+
+def _face_kernel(steps, dst_shape=(32, 16), moving_shape=(8, 16)):
+    """Matmuls into one PSUM tile: ("mm", accumulate, dst columns, moving columns) or
+    ("memset", value, columns); stationary (8, 32) whose rows 16:32 may be never written."""
+    nl, nisa = nki_face.language, nki_face.isa
+
+    @nki_face.jit
+    def k(w, x):
+        ws = nl.ndarray((8, 32), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=ws, src=w)
+        junk = nl.ndarray((8, 32), dtype=nl.float32, buffer=nl.sbuf)
+        xs = nl.ndarray(moving_shape, dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=xs, src=x)
+        p = nl.ndarray(dst_shape, dtype=nl.float32, buffer=nl.psum)
+        for kind, arg, cols, mcols in steps:
+            if kind == "mm":
+                nisa.nc_matmul(p[:, cols], ws if arg != "junk" else junk, xs[:, mcols],
+                               accumulate=None if arg == "junk" else arg)
+            else:
+                nisa.memset(p[:, cols], arg)
+        q = nl.ndarray(dst_shape, dtype=nl.float32, buffer=nl.psum)   # never read: its
+        nisa.nc_matmul(q, ws, xs)                                      # lifetime ends here
+        s = nl.ndarray(dst_shape, dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=s, src=p)
+        o = nl.ndarray(dst_shape, dtype=nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=o, src=s)
+        return o
+    return k
+
+
+W8 = RNG.random((8, 32), dtype=np.float32)
+X8 = RNG.random((8, 16), dtype=np.float32)
+ALL, LEFT, RIGHT = slice(0, 16), slice(0, 10), slice(6, 16)
+
+
+@pytest.mark.parametrize("steps, n_pending", [
+    ([("mm", None, ALL, ALL)] * 3, 3),
+    ([("mm", None, ALL, ALL), ("mm", False, ALL, ALL), ("mm", True, ALL, ALL)], 3),
+    ([("memset", 5.0, ALL, None), ("mm", True, ALL, ALL)], 1),      # first of its shape
+    ([("mm", True, ALL, ALL)] * 2, 2),                              # adds to garbage, warns
+    ([("mm", None, LEFT, LEFT), ("mm", None, RIGHT, RIGHT), ("mm", None, LEFT, LEFT)], 2),
+    ([("mm", None, ALL, ALL), ("mm", "junk", ALL, ALL), ("mm", None, ALL, ALL)], 2),
+    ([("mm", None, ALL, ALL), ("mm", None, LEFT, ALL)], 0),        # shape error (materialized)
+], ids=["none", "false_true", "memset_true", "true_true", "overlap", "junk", "mismatch"])
+def test_current_face_matmul_equals_the_result_tile_path(monkeypatch, steps, n_pending):
+    got = _same(_face_kernel(steps), (W8, X8), monkeypatch, face=True)
+    assert got[4][2] == n_pending          # recorded without their result tile (+ q's)
+    if all(step[:3] == ("mm", None, ALL) for step in steps):
+        np.testing.assert_allclose(got[0], len(steps) * (W8.T @ X8), rtol=1e-5)
+    if steps[-1][3] is ALL and steps[-1][2] is LEFT:
+        assert got[1] is not None and "does not match" in got[1][1]
+
+
+
+def test_an_accumulator_never_read_again_ends_its_lifetime_at_its_last_matmul(monkeypatch):
+    def kernel(a, b):
+        out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        at = nl.load(a[0])
+        bt = nl.load(b)
+        for _ in nl.affine_range(3):
+            q = nl.zeros((128, 128), dtype=nl.float32, buffer=nl.psum)
+            q += nisa.nc_matmul(at, bt)
+            q += nisa.nc_matmul(at, bt)
+            s = nisa.tensor_copy(bt)        # noqa: F841 - the next instruction: not q's
+        nl.store(out, nisa.tensor_copy(at))
+        return out
+    got = _same(kernel, (A, B), monkeypatch)
+    assert got[4] == (6, 1, 0)
