@@ -1870,7 +1870,7 @@ def record_pending(t: Tensor):
     its allocation site (what ``_site_key`` counts), a clock tick. Returns (the Instr, the
     values). The caller writes ``t`` and then stamps the operands described since
     (``Memory.release`` of the result tile did)."""
-    _, run, out, st, mv, detail, site, _ = PENDING.pop()
+    _, run, out, st, mv, detail, site, _ = PENDING.pop()     # (the last reference to it)
     memory = run.memory
     next(_ids)
     counts = memory.site_counts
@@ -1894,6 +1894,9 @@ def _consume_pending(t: Tensor, p: PendingMatmul) -> bool:
             out.shape != t.shape or p is not pend[0] or not pending_allocatable(run, out):
         return False
     pend[5]["accumulate"] = True
+    # (no reference to the tuple past record_pending: the operand tiles it holds die when
+    # record_pending returns, stationary first, as they did when nc_matmul returned)
+    del pend
     instr, out = record_pending(t)
     if t._ws is not None:    # the associative accumulation is exempt from race checks
         written = root.full is True or (root.uniform is not None and root.uniform > 0)

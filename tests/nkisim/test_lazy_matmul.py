@@ -34,7 +34,7 @@ def _digest(run):
              i.free, sorted(i.detail.items()), i.loops, i.file, i.line, i.index)
             for i in run.trace.instrs]
     mem = run.memory
-    return recs, sorted(mem.dead), mem.clock, sorted(mem.sites.items(), key=repr), \
+    return recs, list(mem.dead), mem.clock, sorted(mem.sites.items(), key=repr), \
         run.trace.peak_sbuf_bytes, run.trace.peak_psum_banks
 
 
@@ -332,3 +332,18 @@ def test_an_accumulator_never_read_again_ends_its_lifetime_at_its_last_matmul(mo
         return out
     got = _same(kernel, (A, B), monkeypatch)
     assert got[4] == (6, 1, 0)
+
+
+def test_operand_tiles_die_in_the_same_order(monkeypatch):
+    """Tiles loaded on the matmul's line die when the instruction no longer needs them, the
+    stationary first: their lifetimes are recorded in the same order (an overflow message
+    lists the tensors live at the peak in that order when their sizes tie)."""
+    def kernel(a, b):
+        out = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros((128, 128), nl.float32, buffer=nl.psum)
+        for k in nl.affine_range(2):
+            acc += nisa.nc_matmul(nl.load(a[k]), nl.load(b))
+        nl.store(out, nisa.tensor_copy(acc))
+        return out
+    got = _same(kernel, (A, B), monkeypatch)
+    assert got[4] == (2, 1, 0)
