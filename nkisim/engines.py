@@ -767,6 +767,8 @@ def _iadd_follows(frame) -> bool:
     code = frame.f_code
     sites = _IADD_CALLS.get(code)
     if sites is None:
+        if len(_IADD_CALLS) >= 4096:        # (kernels compiled anew, e.g. exec'd: bounded)
+            _IADD_CALLS.clear()
         sites = _IADD_CALLS[code] = _iadd_calls(code)
     return frame.f_lasti in sites
 
