@@ -366,7 +366,10 @@ class Memory:
         (``_operands``, GCA035); and kernels under ``enable_stack_allocator`` (above)."""
         run = self.run
         names = {v: k for k, v in self.sites.items()}
-        site = max(here.tolist(), key=lambda r: r[2])[3]     # the largest tensor's site
+        total = {}
+        for _, _, size, site in here.tolist():
+            total[site] = total.get(site, 0) + size
+        site = max(total, key=total.get)        # the site listed first (``_largest``)
         _, _, _, file, line = names[site]
         if sbuf:
             what = (f"SBUF overflow: live tensors need {peak} bytes per partition at once, more "

@@ -11,6 +11,7 @@ anything under ``enable_stack_allocator`` (nki-reference §2.2 ``err_stack_overf
 counts are computed from shapes here; values against NumPy.
 """
 
+import linecache
 import warnings
 
 import numpy as np
@@ -91,6 +92,9 @@ def test_twelve_live_psum_accumulators_spill_and_compute_the_right_values():
     assert "PSUM overflow: live tensors need 12 PSUM banks at once, more than the 8 banks" in msg
     assert "[128, 512] float32: 12 tiles x 1 bank" in msg
     assert "inserts the necessary spills or refills" in msg
+    # reported at the allocation site of the largest live tensors: the accumulators
+    assert ws[0].filename == __file__
+    assert "buffer=nl.psum" in linecache.getline(__file__, ws[0].lineno)
     with pytest.raises(ValueError) as info:
         _run(_blocks_then_evacuate, xT, w, strict=True)
     assert info.value.nki_code == "nkisim_strict_rule" and "12 PSUM banks" in str(info.value)
