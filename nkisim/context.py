@@ -237,13 +237,14 @@ class Run:
         """
         self._warn_once(key, errors.SUSPICIOUS_PREFIX + message, errors.NKIWarning, site)
 
-    def rule(self, key, what: str, rule: str, link: str) -> None:
+    def rule(self, key, what: str, rule: str, link: str, site=None) -> None:
         """A documented NKI rule the device is known to tolerate: an ``NKIRuleWarning`` quoting
         the rule and its link (once per pattern per source line), or, in strict mode
-        (``NKISIM_STRICT=1``), the error ``nkisim_strict_rule``."""
+        (``NKISIM_STRICT=1``), the error ``nkisim_strict_rule``. ``site``: the kernel's (file,
+        line) when it is not the caller's (a check made when the kernel ends)."""
         if self.strict:
             raise errors.nki_error("nkisim_strict_rule", what=what, rule=rule, link=link)
-        self._warn_once(key, errors.rule_text(what, rule, link), errors.NKIRuleWarning)
+        self._warn_once(key, errors.rule_text(what, rule, link), errors.NKIRuleWarning, site)
 
     def _warn_once(self, key, text: str, category, site=None) -> None:
         """Warn at the kernel's source line, once per pattern (``key``'s first item) and line."""

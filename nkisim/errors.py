@@ -158,9 +158,25 @@ ERRORS: dict[str, tuple[type[Exception], str]] = {
         RuntimeError, "SBUF overflow: live tensors need {need} bytes per partition, more than "
         "the {limit} usable bytes per partition of {target} (the device compiler would fail "
         "with \"couldn't be allocated in SB\"). Largest live tensors: {largest}"),
-    "nkisim_psum_overflow": (
-        RuntimeError, "PSUM overflow: live tensors need {need} PSUM banks, more than the {limit} "
-        "banks of 2 KiB per partition. Live PSUM tensors: {largest}"),
+    # one instruction's SBUF operands: the allocator cannot spill an operand of the instruction
+    # that reads it (GCA035, aws-neuron-sdk #1060: "Instruction: I-21-0 with opcode: TensorTensor
+    # couldn't be allocated in SB ... Total Accessed Bytes per partition by instruction: 198024
+    # Total SB Partition Size: 196608")
+    "nkisim_instruction_sbuf_overflow": (
+        RuntimeError, "SBUF overflow: '{api}' at {where} needs its SBUF operands at once, "
+        "{need} bytes per partition, more than the {limit} bytes of an SBUF partition of "
+        "{target} (the device compiler fails with GCA035 \"couldn't be allocated in SB\"). "
+        "Its SBUF operands: {largest}"),
+    # kernels under @nki.compiler.enable_stack_allocator: that allocator reports an overflow
+    # instead of spilling (the messages of err_stack_overflow_sbuf/_psum, which nki-reference
+    # §2.2 lists as unofficial templates, not on the error docs page)
+    "nkisim_stack_overflow_sbuf": (
+        RuntimeError, "stack overflow: required sbuf size {need} exceeds available sbuf size "
+        "{limit} (bytes per partition of {target}; @nki.compiler.enable_stack_allocator does "
+        "not spill). Largest live tensors: {largest}"),
+    "nkisim_stack_overflow_psum": (
+        RuntimeError, "required psum banks {need} exceeds available psum banks {limit} "
+        "(@nki.compiler.enable_stack_allocator does not spill). Live PSUM tensors: {largest}"),
     "nkisim_uninitialized_read": (
         ValueError, "read of uninitialized memory: '{api}' at {where} reads `{name}{region}` "
         "({count} of {total} elements never written)"),

@@ -48,6 +48,24 @@ def raises(code, body, *args, checks="all", **kwargs):
     return str(info.value)
 
 
+def spills(body, *args, target=None):
+    """Run ``body``, whose live tensors overflow SBUF or PSUM: the compiler spills them (a
+    tolerated rule, nkisim.memory ``Memory._spilled``), so it runs with one NKIRuleWarning, and
+    strict mode raises ``nkisim_strict_rule`` with the same text. Returns the warning's text."""
+    kernel = nki.jit(body)
+    with warnings.catch_warnings(record=True) as ws, pytest.MonkeyPatch.context() as mp:
+        warnings.simplefilter("always", NKIWarning)
+        mp.setenv("NKISIM_STRICT", "0")
+        simulate(kernel, args, {}, checks_spec="all", target=target)
+    texts = [str(w.message) for w in ws if issubclass(w.category, NKIWarning)]
+    assert len(texts) == 1 and issubclass(ws[-1].category, NKIRuleWarning), texts
+    msg = texts[0]
+    what = msg[msg.index(" overflow: ") - 4:]
+    assert what.startswith(("SBUF overflow", "PSUM overflow")), msg
+    assert what in raises("nkisim_strict_rule", body, *args, target=target, strict=True)
+    return msg
+
+
 def collect_warnings(body, *args, checks="all"):
     kernel = nki.jit(body)
     with warnings.catch_warnings(record=True) as ws:
@@ -786,13 +804,13 @@ def test_sbuf_overflow_names_the_largest_live_tensors():
             nisa.dma_copy(src=t[:, 0, 0] if t is not y else t[:, 0], dst=out)
         return out
 
-    msg = raises("nkisim_sbuf_overflow", body, rand(1))
-    assert msg.startswith("SBUF overflow: live tensors need 233472 bytes per partition, more "
-                          "than the 229376 usable bytes per partition of trn2")
-    largest = msg.split("Largest live tensors: ")[1]
+    msg = spills(body, rand(1))
+    assert ("SBUF overflow: live tensors need 233472 bytes per partition at once, more than the "
+            "229376 usable bytes per partition of trn2; the compiler spills") in msg
+    largest = msg.split("Largest live tensors: ")[1].split("; the rule: ")[0]
     assert re.fullmatch(r"`w` \[128, 100, 256\] float32: 102400 B \(test_checks\.py:\d+\); "
                         r"`x` \[128, 24, 1024\] float32: 98304 B \(test_checks\.py:\d+\); "
-                        r"`y` \[128, 8192\] float32: 32768 B \(test_checks\.py:\d+\)\.", largest)
+                        r"`y` \[128, 8192\] float32: 32768 B \(test_checks\.py:\d+\)", largest)
 
 
 def test_trn2_usable_sbuf_is_the_documented_224_kib():
@@ -859,7 +877,7 @@ def test_capacity_counts_a_tile_until_its_last_use():
         nl.store(out, nl.add(nl.add(s, xt[:, 12000:24000]), gb))
         return out
 
-    msg = raises("nkisim_sbuf_overflow", body, rand(128, 40000), rand(1, 12000))
+    msg = spills(body, rand(128, 40000), rand(1, 12000))
     assert "need 256000 bytes per partition" in msg and "`xt` [128, 40000]" in msg
 
 
@@ -906,13 +924,13 @@ def test_sbuf_capacity_is_per_partition():
 
 def test_sbuf_capacity_tiles_on_more_than_half_the_partitions_share_one():
     """Four tiles of 65 partitions pairwise overlap, so one partition holds all 256 KiB."""
-    msg = raises("nkisim_sbuf_overflow", _tiles_live_at_once((128, 65, 65, 65)), target="trn2")
+    msg = spills(_tiles_live_at_once((128, 65, 65, 65)), target="trn2")
     assert "need 262144 bytes per partition" in msg and "[65, 16384]" in msg
 
 
 def test_sbuf_capacity_small_tiles_overflow_when_their_total_does_not_fit():
     """Sixteen (32, F) tiles of 64 KiB spread over 128 partitions need 256 KiB on average."""
-    msg = raises("nkisim_sbuf_overflow", _tiles_live_at_once((32,) * 16), target="trn2")
+    msg = spills(_tiles_live_at_once((32,) * 16), target="trn2")
     assert "[32, 16384]" in msg
 
 
@@ -924,10 +942,10 @@ def test_psum_overflow_at_nine_banks():
         for t in tiles:                  # all nine are read after the last one is written
             nisa.tensor_copy(t)
 
-    msg = raises("nkisim_psum_overflow", body)
-    assert msg.startswith("PSUM overflow: live tensors need 9 PSUM banks, more than the 8 banks")
+    msg = spills(body)
+    assert "PSUM overflow: live tensors need 9 PSUM banks at once, more than the 8 banks" in msg
     assert "9 tiles x 1 bank" in msg
-    run(body, checks="-capacity")
+    run(body, checks="-capacity", strict=True)
 
 
 # ---------------------------------------------------------------------------------------------
