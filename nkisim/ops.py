@@ -17,6 +17,7 @@ import ml_dtypes
 import numpy as np
 
 from . import context, dtypes, tensor
+from .context import Loop as _Loop
 from .access import access_pattern, vector_select  # noqa: F401 - Tensor.ap (register_ops)
 from .dtypes import (  # noqa: F401 - re-exported as nl.float32 etc.
     bfloat16,
@@ -33,7 +34,7 @@ from .dtypes import (  # noqa: F401 - re-exported as nl.float32 etc.
     uint16,
     uint32,
 )
-from .errors import nki_error, shape_str
+from .errors import _PKG_DIR, nki_error, shape_str
 from .indexing import DynSlice, IndexExpr, MaskExpr, arange, ds, mgrid, par_dim  # noqa: F401
 from .indirect import (  # noqa: F401 - indirect_getitem: Tensor.__getitem__ (register_ops)
     dynamic_index,
@@ -299,20 +300,36 @@ class LoopIndex(int):
 
 
 def _loop(kind, args, make_index):
+    """The generator behind ``nl.*_range``: one activation (a ``context.Loop``), a new epoch
+    per iteration (the race checks compare epochs), the tiles of an iteration out of scope
+    when the next starts. Per activation and per iteration it does only attribute updates
+    (issue 12: a 3x3 conv2d starts a loop every two matmuls)."""
     run = context.current()
-    from .context import Loop
-    if len(args) == 0 or len(args) > 3:
+    if len(args) == 1:
+        r = range(int(args[0]))
+    elif len(args) == 0 or len(args) > 3:
         raise nki_error("nkisim_invalid_argument", api=f"nl.{kind}_range",
                         why="expects (stop), (start, stop) or (start, stop, step)")
-    r = range(*[int(a) for a in args])
-    file, line = context.caller_location()
-    loop = Loop(id=run.next_loop_id, kind=kind, file=file, line=line)
-    run.next_loop_id += 1
-    loop.parent_epoch = run.epoch
-    run.loops.append(loop)
+    else:
+        r = range(*[int(a) for a in args])
+    f = sys._getframe(1)            # (context.caller_location: the kernel's line)
+    while f is not None and f.f_code.co_filename.startswith(_PKG_DIR):
+        f = f.f_back
+    lid = run.next_loop_id
+    loop = _Loop(lid, kind, f.f_code.co_filename, f.f_lineno) if f is not None else \
+        _Loop(lid, kind, "", 0)
+    run.next_loop_id = lid + 1
+    loop.parent_epoch = parent = run.epoch
+    stack = run.loops
+    if not stack:
+        outer = ()
+    else:       # the enclosing loop's key for its current iteration (as Run.record uses it)
+        outer = stack[-1].key
+        if stack[-1].epoch != parent or len(outer) != len(stack):
+            outer = tuple([(lp.id, lp.kind, lp.iteration) for lp in stack])
+    stack.append(loop)
     memory = run.memory
-    outer = tuple((lp.id, lp.kind, lp.iteration) for lp in run.loops[:-1])
-    epochs, lid, parent, scope = run.epochs, loop.id, loop.parent_epoch, loop.scope
+    epochs, scope = run.epochs, loop.scope
     try:
         for i in r:
             if scope:                          # (tiles allocated in the previous iteration)
@@ -322,16 +339,18 @@ def _loop(kind, args, make_index):
             e = run.next_epoch                 # (Run.new_epoch, inline)
             run.next_epoch = e + 1
             epochs[e] = (parent, lid, kind, i)
-            if loop.first_epoch == 0:
+            if not loop.first_epoch:
                 loop.first_epoch = e
             loop.epoch = run.epoch = e
             yield make_index(i)
     finally:
-        memory.end_iteration(loop)
-        if run.loops and run.loops[-1] is loop:
-            run.loops.pop()
-        elif loop in run.loops:
-            run.loops.remove(loop)
+        if scope:
+            memory.end_iteration(loop)
+        stack = run.loops
+        if stack and stack[-1] is loop:
+            stack.pop()
+        elif loop in stack:
+            stack.remove(loop)
         run.epoch = loop.parent_epoch
 
 
