@@ -559,7 +559,8 @@ class Tensor:
     """An NKI tensor or a view of one (``nki.tensor`` in the real API)."""
 
     __slots__ = ("_arr", "_ws", "root", "dtype", "shape", "paxis", "_idx", "_slots", "_producer",
-                 "_inplace", "_off", "_oob", "_mask", "_reduce", "_region", "__weakref__")
+                 "_inplace", "_off", "_oob", "_mask", "_reduce", "_region", "_views",
+                 "__weakref__")
     __array_priority__ = 1000
 
     def __init__(self, arr, shadow, root, dtype, shape, paxis, idx, off=0):
@@ -578,6 +579,7 @@ class Tensor:
         self._mask = None           # the mask the last masked write of this view used
         self._reduce = None         # ALU op of a pending `dst[...] = nl.loop_reduce(...)`
         self._region = None         # region(self), once computed (a view's place is fixed)
+        self._views = None          # on-chip: the views of common keys taken so far (_view)
 
     @property
     def _w(self):
@@ -890,7 +892,7 @@ class Tensor:
     def __getitem__(self, key):
         if self._slots is None and self._idx is None:
             if type(key) is tuple:
-                v = _fast_view(self, key)
+                v = _view(self, key)
                 if v is not None:
                     return v
             k = _fast_key(key, self.shape)
@@ -1062,6 +1064,91 @@ class Tensor:
     @property
     def size(self):
         return math.prod(self.shape)
+
+
+# Views of an on-chip tile cached on the tile, by key (issue 12: conv2d takes the same
+# stationary view wT[:, ci, tap, co] once per output row group and each input window row a few
+# times; a cached view costs a dict lookup instead of normalizing the key, slicing the storage
+# and its shadow, and computing its region). A cached view is returned only when it is as good
+# as a fresh one:
+# - nothing but the cache references it (the kernel dropped the one it was given, and no
+#   instruction holds it): two names never share one view object, so the state a view carries
+#   between statements (``_inplace``, the handshake of ``t[k] += x``) cannot leak from one to
+#   the other;
+# - its state is a fresh view's (``_producer``, ``_inplace``, ``_mask``, ``_reduce`` unset);
+# - its other fields are fixed by the tile and the key (storage, shadow, offset, shape and
+#   region never change; a lazy shadow that materializes keeps the epochs where a fresh view
+#   finds them, ``checks.lazy_view``).
+# Otherwise a fresh view replaces it. The cache lives on the tile it indexes and dies with it (a
+# tile's lifetime is its Tensor's, nkisim.memory; views reference the Allocation, not the
+# Tensor). HBM tensors are not cached (the runtime drops their shadows when the kernel
+# returns). At most _VIEWS_MAX views per tile.
+_VIEWS_MAX = 256
+
+
+def _cached_refs() -> int:
+    """``sys.getrefcount`` of a dict value fetched into a local, when only the dict holds it
+    (the count differs between CPython versions: measured, as ``_view`` reads it)."""
+    d = {0: Tensor.__new__(Tensor)}
+    v = d.get(0)
+    return sys.getrefcount(v)
+
+
+_CACHED_REFS = _cached_refs()
+
+
+def _view_key(key):
+    """A hashable copy of index ``key`` (a tuple) when every item is a Python int (an int
+    subclass such as a loop index as its int) or a slice of such bounds and an int/None step;
+    None otherwise (no caching). (An int subclass compares as its int only after ``int()``:
+    ``LoopIndex.__eq__`` warns.)"""
+    out = []
+    for k in key:
+        tk = type(k)
+        if tk is slice:
+            a, b, c = k.start, k.stop, k.step
+            if a is not None and type(a) is not int:
+                if isinstance(a, int) and type(a) is not bool:
+                    a = int(a)          # (`x[:, j:j + n]`: a loop index)
+                else:
+                    return None
+            if b is not None and type(b) is not int:
+                if isinstance(b, int) and type(b) is not bool:
+                    b = int(b)
+                else:
+                    return None
+            if c is not None and type(c) is not int:
+                return None
+            out.append((a, b, c))
+        elif tk is int:
+            out.append(k)
+        elif isinstance(k, int) and tk is not bool:
+            out.append(int(k))          # (as _fast_key reads it: an nl.*_range loop index)
+        else:
+            return None
+    return tuple(out)
+
+
+def _view(t: Tensor, key):
+    """``_fast_view(t, key)``, from ``t``'s cache of views when ``t`` is on chip."""
+    views = t._views
+    if views is None:
+        if t.root.buffer == "hbm":
+            return _fast_view(t, key)
+        views = t._views = {}
+    hk = _view_key(key)
+    if hk is None:
+        return _fast_view(t, key)
+    v = views.get(hk)
+    if v is not None and sys.getrefcount(v) <= _CACHED_REFS and v._producer is None and \
+            not v._inplace and v._mask is None and v._reduce is None:
+        return v
+    v = _fast_view(t, key)
+    if v is not None:
+        if len(views) >= _VIEWS_MAX:
+            views.clear()
+        views[hk] = v
+    return v
 
 
 def _fast_view(t: Tensor, key):
