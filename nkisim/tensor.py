@@ -1097,12 +1097,17 @@ def _cached_refs() -> int:
 _CACHED_REFS = _cached_refs()
 
 
-def _view_key(key):
-    """A hashable copy of index ``key`` (a tuple) when every item is a Python int (an int
-    subclass such as a loop index as its int) or a slice of such bounds and an int/None step;
-    None otherwise (no caching). (An int subclass compares as its int only after ``int()``:
-    ``LoopIndex.__eq__`` warns.)"""
-    out = []
+def _view(t: Tensor, key):
+    """``_fast_view(t, key)`` (``key`` a tuple), from ``t``'s cache of views when ``t`` is on
+    chip. The cache's key is a hashable copy of ``key`` when every item is a Python int (an int
+    subclass, such as a loop index, as its int: ``LoopIndex.__eq__`` warns) or a slice of such
+    bounds and an int/None step; other keys are not cached."""
+    views = t._views
+    if views is None:
+        views = t._views = False if t.root.buffer == "hbm" else {}
+    if views is False:
+        return _fast_view(t, key)
+    hk = []
     for k in key:
         tk = type(k)
         if tk is slice:
@@ -1111,44 +1116,76 @@ def _view_key(key):
                 if isinstance(a, int) and type(a) is not bool:
                     a = int(a)          # (`x[:, j:j + n]`: a loop index)
                 else:
-                    return None
+                    return _fast_view(t, key)
             if b is not None and type(b) is not int:
                 if isinstance(b, int) and type(b) is not bool:
                     b = int(b)
                 else:
-                    return None
+                    return _fast_view(t, key)
             if c is not None and type(c) is not int:
-                return None
-            out.append((a, b, c))
+                return _fast_view(t, key)
+            hk.append((a, b, c))
         elif tk is int:
-            out.append(k)
+            hk.append(k)
         elif isinstance(k, int) and tk is not bool:
-            out.append(int(k))          # (as _fast_key reads it: an nl.*_range loop index)
+            hk.append(int(k))           # (as _fast_key reads it)
         else:
-            return None
-    return tuple(out)
-
-
-def _view(t: Tensor, key):
-    """``_fast_view(t, key)``, from ``t``'s cache of views when ``t`` is on chip."""
-    views = t._views
-    if views is None:
-        if t.root.buffer == "hbm":
             return _fast_view(t, key)
-        views = t._views = {}
-    hk = _view_key(key)
-    if hk is None:
-        return _fast_view(t, key)
+    hk = tuple(hk)
     v = views.get(hk)
     if v is not None and sys.getrefcount(v) <= _CACHED_REFS and v._producer is None and \
             not v._inplace and v._mask is None and v._reduce is None:
         return v
-    v = _fast_view(t, key)
+    v = _key_view(t, hk)
     if v is not None:
         if len(views) >= _VIEWS_MAX:
             views.clear()
         views[hk] = v
     return v
+
+
+def _key_view(t: Tensor, hk):
+    """``_fast_view(t, key)`` of the cache key ``hk`` of ``key`` (see ``_view``): ints, and
+    (start, stop, step) triples of ints or None."""
+    shape = t.shape
+    if len(hk) > len(shape):
+        return None
+    src = t._arr
+    off = t._off
+    nslices = 0
+    out = []
+    for k, size, st in zip(hk, shape, src.strides):
+        if type(k) is tuple:
+            start, stop, step = k
+            if step is not None and step != 1:
+                return None
+            if start is None:
+                start = 0
+            if stop is None:
+                stop = size
+            if start < 0 or stop > size or start > stop:
+                return None
+            out.append(slice(start, stop, 1))
+            off += start * st
+            nslices += 1
+        else:
+            if k < 0 or k >= size:
+                return None
+            out.append(k)
+            off += k * st
+    paxis = t.paxis
+    if paxis == 0:
+        if t.root.buffer == "hbm" or not out or type(out[0]) is not slice or \
+                nslices + len(shape) - len(hk) < 2:
+            return None
+    elif paxis is not None:
+        return None
+    out.append(Ellipsis)
+    ke = tuple(out)
+    arr = src[ke]
+    ws = t._ws
+    return Tensor(arr, ws if ws is None or ws is checks.LAZY else ws[ke], t.root, t.dtype,
+                  arr.shape, paxis, None, off)
 
 
 def _fast_view(t: Tensor, key):
