@@ -528,10 +528,12 @@ def _nested_slice(pl, a, h):
     i = 0
     while pl[i].epoch <= a:             # (pl[-1].epoch > a: stops)
         i += 1
+    if pl[i].first_epoch > h:
+        return ()                       # (so do the loops inside it: j <= i)
     j = len(pl)
-    while pl[j - 1].first_epoch > h:    # (pl[0].first_epoch <= h: stops)
+    while pl[j - 1].first_epoch > h:    # (pl[i].first_epoch <= h: stops at i + 1 at least)
         j -= 1
-    return pl[i:j] if i < j else ()
+    return pl[i:j]
 
 
 def _covers(t) -> bool:
