@@ -536,6 +536,29 @@ def _nested_slice(pl, a, h):
     return pl[i:j]
 
 
+def _accumulates_in_group(run, root, epoch) -> bool:
+    """True when ``check_write`` of an accumulation onto ``root`` (no SPMD grid) would find
+    a race, i.e. keep the group's first epoch: its shadow has one epoch ``u`` (``uniform``)
+    that an earlier iteration of an active affine loop wrote. Only the innermost active affine
+    loop started at or before ``u`` can hold it (the current iteration of an enclosing loop
+    began before that loop started); it is one of ``_racy_loops`` if its current epoch is past
+    the tensor's creation and it started at or before the tensor's last write, and then
+    ``_find_race`` on the uniform epoch returns it or an enclosing loop. False when this does
+    not decide (the general path then does)."""
+    u = root.uniform
+    if u is None or u >= epoch:
+        return False
+    cache = run.par_cache
+    if cache[0] != epoch or epoch == 1 or "races" not in run.checks:
+        return False
+    for lp in reversed(cache[1]):
+        f = lp.first_epoch
+        if f <= u:
+            e = lp.epoch
+            return u < e and root.epoch < e and f <= root.hi
+    return False
+
+
 def _covers(t) -> bool:
     """True when view ``t`` is the whole tensor (each element once, not a masked copy)."""
     root = t.root
@@ -644,6 +667,13 @@ def check_write(run, t, api: str, accumulate: bool, same_values=None, view=None,
         raise _scope_error(run, t)
     root.gen += 1
     epoch = run.epoch
+    if (accumulate or root is run.assoc) and run.spmd is None and _accumulates_in_group(
+            run, root, epoch) and t.size:
+        # what the general path below decides, found from the loop stack alone: the
+        # accumulation continues a group an earlier iteration started
+        if root.full is not True and _covers(t):
+            root.full = True
+        return True
     covers = _covers(t)
     racy = _racy_loops(run, root)
     if racy:

@@ -539,3 +539,76 @@ def test_an_add_onto_an_unwritten_box_adds_to_the_poison():
             out = nki.simulate_kernel(kernel, a)
         np.testing.assert_array_equal(out[:, 0], 1.0)
         assert np.isnan(out[:, 1]).all()
+
+
+@settings(max_examples=500, deadline=None)
+@given(iters=st.lists(st.tuples(st.sampled_from(["affine", "sequential", "static"]),
+                                st.integers(0, 3), st.integers(1, 4)), min_size=1, max_size=6),
+       a=st.integers(0, 20), span=st.integers(0, 30), u=st.integers(0, 40),
+       inside=st.booleans())
+def test_an_accumulation_group_is_found_as_the_race_check_finds_it(iters, a, span, u, inside):
+    """``checks._accumulates_in_group`` (check_write's shortcut for ``acc += ...``) says True
+    only when the general path, ``_find_race`` over ``_racy_loops`` on the uniform epoch,
+    finds the race that keeps the group's first epoch."""
+    from nkisim.context import Loop
+    epoch = 2
+    loops = []
+    for n, (kind, skip, it) in enumerate(iters):
+        first = epoch + skip
+        loops.append(Loop(id=n, kind=kind, file="", line=0, first_epoch=first,
+                          epoch=first + it))
+        epoch = first + it + 1
+    par = tuple(lp for lp in loops if lp.kind == "affine")
+    run = SimpleNamespace(epoch=epoch, checks=frozenset({"races"}), loops=loops, spmd=None,
+                          par_cache=(epoch, par, (loops[-1] if loops else None, len(loops))))
+    if inside:
+        u = a + u % (span + 1)              # (a written tensor's epochs lie in [epoch, hi])
+    root = SimpleNamespace(epoch=a, hi=a + span, uniform=u)
+    fast = checks._accumulates_in_group(run, root, epoch)
+    racy = checks._racy_loops(run, root)
+    slow = u < epoch and checks._find_race(run, None, u, u, racy) is not None
+    assert fast == slow
+    event(str(fast))
+
+
+def test_the_loops_keep_the_race_checks_loop_cache():
+    """``_loop`` sets ``run.par_cache`` (the active affine loops, nkisim.checks) with every
+    epoch and restores the enclosing one when a loop ends: whenever it is current, it is what
+    ``_racy_loops`` would compute from the loop stack."""
+    from nkisim import context
+
+    seen = []
+
+    def probe():
+        run = context.current()
+        cache = run.par_cache
+        if cache[0] == run.epoch:
+            want = tuple(lp for lp in run.loops if lp.kind == "affine")
+            seen.append(cache[1] == want and
+                        cache[2] == (run.loops[-1] if run.loops else None, len(run.loops)))
+
+    @nki.jit
+    def kernel(a_in):
+        out = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.load(a_in)
+        probe()
+        for _i in nl.affine_range(2):
+            probe()
+            for _j in nl.sequential_range(2):
+                probe()
+                for _k in nl.static_range(2):
+                    probe()
+                    for _m in nl.affine_range(2):
+                        probe()
+                    probe()
+                probe()
+            probe()
+            for _j in nl.affine_range(0):
+                probe()
+            probe()
+        probe()
+        nl.store(out, t)
+        return out
+
+    nki.simulate_kernel(kernel, np.ones((128, 4), np.float32))
+    assert seen and all(seen) and len(seen) > 20

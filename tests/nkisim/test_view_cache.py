@@ -109,7 +109,7 @@ def test_writes_and_checks_through_cached_views():
         out = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.shared_hbm)
         t = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=t[:, 4:8], src=x_in)
-        for i in nl.affine_range(2):
+        for _i in nl.affine_range(2):
             t[:, 0:4] = nisa.tensor_copy(t[:, 4:8])
             t[:, 4:8] = nisa.tensor_scalar(t[:, 0:4], nl.add, 1.0)
         nl.store(out, t[:, 4:8])
@@ -125,7 +125,7 @@ def test_writes_and_checks_through_cached_views():
         out = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.shared_hbm)
         t = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=t[:, 4:8], src=x_in)
-        for i in nl.sequential_range(3):
+        for _i in nl.sequential_range(3):
             t[:, 0:4] = nisa.tensor_copy(t[:, 4:8])
             t[:, 4:8] = nisa.tensor_scalar(t[:, 0:4], nl.add, 1.0)
         nl.store(out, t[:, 4:8])
@@ -139,7 +139,7 @@ def test_writes_and_checks_through_cached_views():
         out = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.shared_hbm)
         t = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=t[:, 0:2], src=x_in[:, 0:2])
-        for i in nl.sequential_range(2):   # the same view twice
+        for _i in nl.sequential_range(2):   # the same view twice
             nl.store(out, t[:, 0:4])
         return out
 
