@@ -501,7 +501,29 @@ def _racy_loops(run, root):
     epoch = run.epoch
     if epoch == 1 or "races" not in run.checks:
         return ()
-    cache = run.par_cache          # the affine loops only change with the loop stack
+    cache = run.par_cache
+    pl = cache[1] if cache[0] == epoch else _par_loops(run, epoch)
+    a, h = root.epoch, root.hi
+    sp = run.spmd
+    if sp is not None and a < sp.epoch and h >= sp.first_epoch:
+        return (sp,) + _nested_slice(pl, a, h)
+    if not pl or a >= pl[-1].epoch or h < pl[0].first_epoch:
+        return ()                       # (the commonest answer, without a call)
+    i = 0                               # (_nested_slice, inline)
+    while pl[i].epoch <= a:
+        i += 1
+    if pl[i].first_epoch > h:
+        return ()
+    j = len(pl)
+    while pl[j - 1].first_epoch > h:
+        j -= 1
+    return pl[i:j]
+
+
+def _par_loops(run, epoch):
+    """The active ``affine_range`` loops, outermost first, cached in ``run.par_cache`` as
+    (epoch, loops, (innermost loop, depth)): they only change with the loop stack."""
+    cache = run.par_cache
     if cache[0] != epoch:
         loops = run.loops
         key = (loops[-1] if loops else None, len(loops))
@@ -510,14 +532,7 @@ def _racy_loops(run, root):
         else:
             cache = (epoch, cache[1], key)
         run.par_cache = cache
-    pl = cache[1]
-    a, h = root.epoch, root.hi
-    sp = run.spmd
-    if sp is not None and a < sp.epoch and h >= sp.first_epoch:
-        return (sp,) + _nested_slice(pl, a, h)
-    if not pl or a >= pl[-1].epoch or h < pl[0].first_epoch:
-        return ()                       # (the commonest answer, without a call)
-    return _nested_slice(pl, a, h)
+    return cache[1]
 
 
 def _nested_slice(pl, a, h):
@@ -548,10 +563,10 @@ def _accumulates_in_group(run, root, epoch) -> bool:
     u = root.uniform
     if u is None or u >= epoch:
         return False
-    cache = run.par_cache
-    if cache[0] != epoch or epoch == 1 or "races" not in run.checks:
+    if epoch == 1 or "races" not in run.checks:
         return False
-    for lp in reversed(cache[1]):
+    cache = run.par_cache
+    for lp in reversed(cache[1] if cache[0] == epoch else _par_loops(run, epoch)):
         f = lp.first_epoch
         if f <= u:
             e = lp.epoch

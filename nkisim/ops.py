@@ -328,11 +328,6 @@ def _loop(kind, args, make_index):
         if stack[-1].epoch != parent or len(outer) != len(stack):
             outer = tuple([(lp.id, lp.kind, lp.iteration) for lp in stack])
     stack.append(loop)
-    # the active affine loops for the race checks, set with every epoch (what
-    # nkisim.checks._racy_loops would otherwise recompute at the first check of each epoch)
-    outer_par = run.par_cache
-    par = tuple([lp for lp in stack if lp.kind == "affine"])
-    par_key = (loop, len(stack))
     memory = run.memory
     epochs, scope = run.epochs, loop.scope
     try:
@@ -347,7 +342,6 @@ def _loop(kind, args, make_index):
             if not loop.first_epoch:
                 loop.first_epoch = e
             loop.epoch = run.epoch = e
-            run.par_cache = (e, par, par_key)
             yield make_index(i)
     finally:
         if scope:
@@ -358,9 +352,6 @@ def _loop(kind, args, make_index):
         elif loop in stack:
             stack.remove(loop)
         run.epoch = loop.parent_epoch
-        if outer_par[0] == run.epoch and len(outer_par) == 3 and \
-                outer_par[2] == (stack[-1] if stack else None, len(stack)):
-            run.par_cache = outer_par          # (the enclosing context's, still its stack)
 
 
 def affine_range(*args, **kwargs):

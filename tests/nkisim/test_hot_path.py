@@ -558,9 +558,8 @@ def test_an_accumulation_group_is_found_as_the_race_check_finds_it(iters, a, spa
         loops.append(Loop(id=n, kind=kind, file="", line=0, first_epoch=first,
                           epoch=first + it))
         epoch = first + it + 1
-    par = tuple(lp for lp in loops if lp.kind == "affine")
     run = SimpleNamespace(epoch=epoch, checks=frozenset({"races"}), loops=loops, spmd=None,
-                          par_cache=(epoch, par, (loops[-1] if loops else None, len(loops))))
+                          par_cache=(0, ()))
     if inside:
         u = a + u % (span + 1)              # (a written tensor's epochs lie in [epoch, hi])
     root = SimpleNamespace(epoch=a, hi=a + span, uniform=u)
@@ -570,45 +569,3 @@ def test_an_accumulation_group_is_found_as_the_race_check_finds_it(iters, a, spa
     assert fast == slow
     event(str(fast))
 
-
-def test_the_loops_keep_the_race_checks_loop_cache():
-    """``_loop`` sets ``run.par_cache`` (the active affine loops, nkisim.checks) with every
-    epoch and restores the enclosing one when a loop ends: whenever it is current, it is what
-    ``_racy_loops`` would compute from the loop stack."""
-    from nkisim import context
-
-    seen = []
-
-    def probe():
-        run = context.current()
-        cache = run.par_cache
-        if cache[0] == run.epoch:
-            want = tuple(lp for lp in run.loops if lp.kind == "affine")
-            seen.append(cache[1] == want and
-                        cache[2] == (run.loops[-1] if run.loops else None, len(run.loops)))
-
-    @nki.jit
-    def kernel(a_in):
-        out = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.shared_hbm)
-        t = nl.load(a_in)
-        probe()
-        for _i in nl.affine_range(2):
-            probe()
-            for _j in nl.sequential_range(2):
-                probe()
-                for _k in nl.static_range(2):
-                    probe()
-                    for _m in nl.affine_range(2):
-                        probe()
-                    probe()
-                probe()
-            probe()
-            for _j in nl.affine_range(0):
-                probe()
-            probe()
-        probe()
-        nl.store(out, t)
-        return out
-
-    nki.simulate_kernel(kernel, np.ones((128, 4), np.float32))
-    assert seen and all(seen) and len(seen) > 20
