@@ -1,15 +1,14 @@
 """The interpreter's share of a conv2d simulation: the GEMMs stubbed out (issue 12).
 
 Simulates the B=1 256->256 224x224 3x3 fp32 conv2d of ``sim_speed.py`` (``--batch``, ``--height``,
-``--width``, ``--pool`` change it) with ``np.matmul`` inside ``nkisim.engines`` replaced by a stub
+``--width``, ``--pool`` change it) with ``np.matmul`` inside ``nkisim.gemm`` replaced by a stub
 that returns its ``out=`` array unchanged (``--stub``), or as is (no ``--stub``), and prints the
 minimum CPU time of ``--repeats`` runs (default 3). The conv kernel's matmuls take a 3-D moving
 window ([128, 2, 222] of a 4-D band tile), which nkisim multiplies with ``np.matmul(...,
 out=)``: stubbed, the run keeps every other cost (the views, the checks, the trace, the PSUM
 additions) and loses only the GEMMs, so its time is the interpreter's share; the full run minus
 it is what the GEMMs cost inside the simulation. The results of a stubbed run are garbage (never
-compared). A 2-D moving tile goes through ``a.T @ b`` (the ``@`` operator), which the stub does
-not replace: this measures kernels whose matmuls take 3-D windows.
+compared); a 2-D product (``np.matmul`` without ``out=``) gets an uninitialized array.
 
 Checks: ``--checks all`` (default, what ``sim_speed.py`` runs) or ``none`` (``NKISIM_CHECKS``).
 BLAS single-threaded, as nkisim runs it; CPU time (``time.process_time``).
@@ -30,14 +29,14 @@ import numpy as np  # noqa: E402
 
 
 class _NoGemm:
-    """``nkisim.engines.np`` with ``matmul`` stubbed: returns ``out`` (no product)."""
+    """``nkisim.gemm.np`` with ``matmul`` stubbed: returns ``out`` (no product)."""
 
     def __getattr__(self, name):
         return getattr(np, name)
 
     @staticmethod
     def matmul(a, b, out=None, **kwargs):
-        return out
+        return np.empty(a.shape[:-1] + b.shape[-1:], np.float32) if out is None else out
 
 
 def main() -> None:
@@ -52,7 +51,7 @@ def main() -> None:
     args = p.parse_args()
     os.environ["NKISIM_CHECKS"] = args.checks
 
-    import nkisim.engines
+    import nkisim.gemm
     from nkiverify import registry
     from nkiverify.backends import NkisimBackend
 
@@ -63,7 +62,7 @@ def main() -> None:
     backend = NkisimBackend()
     kernel = backend.load(spec.import_path)
     if args.stub:
-        nkisim.engines.np = _NoGemm()
+        nkisim.gemm.np = _NoGemm()
     times = []
     try:
         for _ in range(max(1, args.repeats)):
@@ -71,7 +70,7 @@ def main() -> None:
             backend.run(kernel, *inputs.args, **inputs.kwargs)
             times.append(time.process_time() - t0)
     finally:
-        nkisim.engines.np = np
+        nkisim.gemm.np = np
     what = "GEMMs stubbed (interpreter share)" if args.stub else "full simulation"
     print(f"conv2d B={args.batch} 256->256 {args.height}x{args.width} 3x3 pool {args.pool} "
           f"float32, checks={args.checks}: {what}: {min(times):.3f} s CPU "

@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from . import context, dtypes
+from . import context, dtypes, gemm
 from . import ops as nl  # the core's language operations (nl.* op codes, DMA helpers)
 from .errors import nki_error, shape_str
 from .indexing import IndexExpr, MaskExpr
@@ -722,29 +722,23 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
         bv = bv.reshape(bv.shape[0], 1)
     if bv.dtype is not F32:
         bv = dtypes.to_f32(bv)
-    if bv.ndim == 2:
-        out = a.T @ bv                    # (M, N)
-    elif bv.ndim == 3 and bv.shape[2] >= 128 and not bv.flags.c_contiguous:
-        # a window of rows of a wider tile (conv2d's shifted input rows): one GEMM per row
-        # on the strided rows instead of copying the window first (issue 12: 5-10% of a
-        # 224x224 conv2d simulation went to that copy)
-        out = np.empty((M,) + bv.shape[1:], np.float32)
-        np.matmul(a.T, bv.transpose(1, 0, 2), out=out.transpose(1, 0, 2))
-    else:
-        out = (a.T @ bv.reshape(K, N)).reshape((M,) + ms[1:])
     if run.taint is not None:
         _matmul_taint(run, st, mv, K, M, N, (M,) + ms[1:])
     fp32 = st.dtype.itemsize == 4 or mv.dtype.itemsize == 4
     detail = {"K": K, "M": M, "N": N, "accumulate": False, "transpose": bool(is_transpose),
               "fp32": fp32, "flops": 0 if is_transpose else 2 * K * M * N,
               "dtype_in": dtypes.name(st.dtype)}
+    shape = (M, bv.shape[1]) if bv.ndim == 2 else (M,) + ms[1:]
     if LAZY_RESULTS and mask is None and run.taint is None and (
             _defer or (caller is not None and _iadd_follows(caller))):
         # `acc += nc_matmul(...)`: inplace adds the values without a result tile
-        # (nkisim.tensor.PendingMatmul; one pending at a time, consumed by the next bytecode)
+        # (nkisim.tensor.PendingMatmul; one pending at a time, consumed by the next bytecode;
+        # the values in gemm's scratch buffer, copied if the result tile is ever built)
+        out = gemm.product(a, bv, shape, reuse=True)
         p = PendingMatmul.__new__(PendingMatmul)
         PENDING.append((p, run, out, st, mv, detail, site, _result))
         return p
+    out = gemm.product(a, bv, shape)
     return result_tile(run, out.shape, F32, out, "nc_matmul", TENSOR, (st, mv), detail, nl.psum,
                        None if mask is None else _mask(mask, out.shape), None, True, site)
 

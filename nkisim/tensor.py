@@ -1965,7 +1965,7 @@ def materialize_pending() -> None:
     which ends the tile's lifetime when the kernel drops it, follows the object)."""
     from .memory import _TileRef
     obj, run, out, st, mv, detail, site, build = PENDING.pop()
-    t = build(run, out, st, mv, detail, site)
+    t = build(run, out.copy(), st, mv, detail, site)      # (out: gemm's scratch buffer)
     for name in _TENSOR_SLOTS:
         setattr(obj, name, getattr(t, name))
     obj.__class__ = Tensor
