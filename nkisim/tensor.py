@@ -1173,19 +1173,7 @@ def _key_view(t: Tensor, hk):
                 return None
             out.append(k)
             off += k * st
-    paxis = t.paxis
-    if paxis == 0:
-        if t.root.buffer == "hbm" or not out or type(out[0]) is not slice or \
-                nslices + len(shape) - len(hk) < 2:
-            return None
-    elif paxis is not None:
-        return None
-    out.append(Ellipsis)
-    ke = tuple(out)
-    arr = src[ke]
-    ws = t._ws
-    return Tensor(arr, ws if ws is None or ws is checks.LAZY else ws[ke], t.root, t.dtype,
-                  arr.shape, paxis, None, off)
+    return _basic_fast_view(t, out, off, nslices + len(shape) - len(hk))
 
 
 def _fast_view(t: Tensor, key):
@@ -1209,17 +1197,22 @@ def _fast_view(t: Tensor, key):
             nslices += 1
         else:
             off += k * st
-    out = list(norm)
+    return _basic_fast_view(t, list(norm), off, nslices + len(shape) - len(key))
+
+
+def _basic_fast_view(t: Tensor, out: list, off: int, ndim: int):
+    """The view of ``t`` by the normalized index ``out`` (ints and unit-step slices, ``off``
+    its byte offset, ``ndim`` the dimensions it keeps), or None when ``_basic_view``'s rules
+    could change it: on a tile, the first index must be a slice and two dimensions must stay."""
     paxis = t.paxis
     if paxis == 0:
-        if t.root.buffer == "hbm" or not out or type(out[0]) is not slice or \
-                nslices + len(shape) - len(key) < 2:
+        if t.root.buffer == "hbm" or not out or type(out[0]) is not slice or ndim < 2:
             return None
     elif paxis is not None:
         return None
     out.append(Ellipsis)
     ke = tuple(out)
-    arr = src[ke]
+    arr = t._arr[ke]
     ws = t._ws
     return Tensor(arr, ws if ws is None or ws is checks.LAZY else ws[ke], t.root, t.dtype,
                   arr.shape, paxis, None, off)
@@ -2007,6 +2000,23 @@ def record_pending(t: Tensor):
     return instr, out
 
 
+def _accumulate_check(run, t: Tensor):
+    """The read check of ``t += matmul`` (the associative accumulation is exempt from race
+    checks): the mask of ``t``'s never-written elements when it has any (they start the
+    accumulation: only the written ones are read), else None."""
+    root = t.root
+    # every element written (the tensor's summaries, nkisim.checks): no scan
+    written = root.full is True or (root.uniform is not None and root.uniform > 0)
+    fresh = None if written else checks.shadow_view(t) == 0
+    if fresh is not None and fresh.any():
+        _psum_ndarray_rule(run, t)
+        checks.check_read(run, _masked_shadow_view(t, ~fresh, run),
+                          "nc_matmul (accumulate)", accumulate=True)
+        return fresh
+    checks.check_read(run, t, "nc_matmul (accumulate)", accumulate=True)
+    return None
+
+
 def _consume_pending(t: Tensor, p: PendingMatmul) -> bool:
     """``t += p`` for a pending matmul, when ``t`` is a whole-values fp32 PSUM accumulator of
     the result's shape: what ``result_tile`` + ``inplace`` do, without the result tile. False
@@ -2022,18 +2032,12 @@ def _consume_pending(t: Tensor, p: PendingMatmul) -> bool:
     # record_pending returns, stationary first, as they did when nc_matmul returned)
     del pend
     instr, out = record_pending(t)
-    if t._ws is not None:    # the associative accumulation is exempt from race checks
-        written = root.full is True or (root.uniform is not None and root.uniform > 0)
-        fresh = None if written else checks.shadow_view(t) == 0
-        if fresh is not None and fresh.any():
-            _psum_ndarray_rule(run, t)
-            checks.check_read(run, _masked_shadow_view(t, ~fresh, run),
-                              "nc_matmul (accumulate)", accumulate=True)
-            acc = values(t).astype(np.float32) + out
-            write(t, np.where(fresh, out, acc), "nc_matmul", accumulate=True, run=run)
-            _accumulated(run, t, instr)
-            return True
-        checks.check_read(run, t, "nc_matmul (accumulate)", accumulate=True)
+    fresh = None if t._ws is None else _accumulate_check(run, t)
+    if fresh is not None:
+        acc = values(t).astype(np.float32) + out
+        write(t, np.where(fresh, out, acc), "nc_matmul", accumulate=True, run=run)
+        _accumulated(run, t, instr)
+        return True
     _add_into(run, t, out)
     _accumulated(run, t, instr)
     return True
@@ -2107,23 +2111,12 @@ def inplace(t: Tensor, other, opname: str) -> Tensor:
                      "is rounded")
         if t._slots is not None:
             values(t)            # err_failed_to_infer_tile_from_local_tensor
-        fresh = None
-        if t._ws is not None:    # the associative accumulation is exempt from race checks
-            root = t.root
-            # every element written (the tensor's summaries, nkisim.checks): no scan
-            written = root.full is True or (root.uniform is not None and root.uniform > 0)
-            fresh = None if written else checks.shadow_view(t) == 0
-            if fresh is not None and fresh.any():
-                _psum_ndarray_rule(run, t)
-                checks.check_read(run, _masked_shadow_view(t, ~fresh, run),
-                                  "nc_matmul (accumulate)", accumulate=True)
-            else:
-                checks.check_read(run, t, "nc_matmul (accumulate)", accumulate=True)
+        fresh = None if t._ws is None else _accumulate_check(run, t)
         if other.root.unpoisoned is not None:
             poisoned(other.root)
         inc = other._arr if other._idx is None and other._slots is None and \
             other._arr.shape == t.shape else fit(values(other), t.shape, other.shape)
-        if fresh is not None and fresh.any():
+        if fresh is not None:
             acc = values(t).astype(np.float32) + inc
             write(t, np.where(fresh, inc, acc), "nc_matmul", accumulate=True, run=run)
         else:

@@ -101,38 +101,33 @@ def test_an_in_place_update_does_not_leak_into_another_view(drop):
     np.testing.assert_array_equal(nki.simulate_kernel(kernel, x)[:, :4], 1.0)
 
 
-def test_writes_and_checks_through_cached_views():
-    """Writes through a view taken again land in the tile and stamp its shadow: the race check
-    sees the second iteration read what the first wrote through the same key."""
+def _carried(loop_range, n):
+    """A kernel whose loop reads, through a view taken again each iteration, what the previous
+    iteration wrote through the same key (legal only in a sequential loop)."""
     @nki.jit
     def kernel(x_in):
         out = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.shared_hbm)
         t = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=t[:, 4:8], src=x_in)
-        for _i in nl.affine_range(2):
+        for _i in loop_range(n):
             t[:, 0:4] = nisa.tensor_copy(t[:, 4:8])
             t[:, 4:8] = nisa.tensor_scalar(t[:, 0:4], nl.add, 1.0)
         nl.store(out, t[:, 4:8])
         return out
+    return kernel
 
+
+def test_writes_and_checks_through_cached_views():
+    """Writes through a view taken again land in the tile and stamp its shadow: the race check
+    sees the second iteration read what the first wrote through the same key."""
     with pytest.raises(ValueError) as info:
-        nki.simulate_kernel(kernel, np.zeros((128, 4), np.float32))
+        nki.simulate_kernel(_carried(nl.affine_range, 2), np.zeros((128, 4), np.float32))
     assert info.value.nki_code == "nkisim_loop_carried_dependency"
     assert "`t[0:128, 4:8]`" in str(info.value) and "written by iteration 0" in str(info.value)
 
-    @nki.jit
-    def sequential(x_in):
-        out = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.shared_hbm)
-        t = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=t[:, 4:8], src=x_in)
-        for _i in nl.sequential_range(3):
-            t[:, 0:4] = nisa.tensor_copy(t[:, 4:8])
-            t[:, 4:8] = nisa.tensor_scalar(t[:, 0:4], nl.add, 1.0)
-        nl.store(out, t[:, 4:8])
-        return out
-
-    np.testing.assert_array_equal(nki.simulate_kernel(sequential, np.ones((128, 4), np.float32)),
-                                  np.full((128, 4), 4.0, np.float32))
+    np.testing.assert_array_equal(
+        nki.simulate_kernel(_carried(nl.sequential_range, 3), np.ones((128, 4), np.float32)),
+        np.full((128, 4), 4.0, np.float32))
 
     @nki.jit
     def unwritten(x_in):
