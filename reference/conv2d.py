@@ -77,10 +77,24 @@ def maxpool2d(y, pool_size):
     return windows.max(axis=(-3, -1))
 
 
-def _conv2d(x, w, bias, acc_dtype):
-    """Cross-correlation plus bias, every matmul and every sum carried out in ``acc_dtype``."""
+def _matmul_in_order(a, b, out):
+    """``a @ b`` into ``out`` with each output's products added one after another, in the
+    order of the reduction index, every product and every partial sum rounded to ``out``'s
+    dtype: the order of a systolic array's column (the Tensor Engine is a 128x128 systolic
+    array, docs/nki-reference.md), whatever BLAS would do."""
+    term = np.empty_like(out)
+    np.multiply(a[:, :1], b[:1], out=out)
+    for c in range(1, a.shape[1]):
+        np.multiply(a[:, c : c + 1], b[c : c + 1], out=term)
+        out += term
+    return out
+
+
+def _conv2d(x, w, bias, acc_dtype, in_order=False):
+    """Cross-correlation plus bias, every matmul and every sum carried out in ``acc_dtype``;
+    ``in_order``: each tap's matmul sums over C_in in channel order (``_matmul_in_order``)."""
     # (K, K, C_out, C_in): each tap matrix is contiguous, so matmul does not copy it.
-    if (np.dtype(acc_dtype) == np.float64 and w.shape[2:] == (3, 3) and
+    if (not in_order and np.dtype(acc_dtype) == np.float64 and w.shape[2:] == (3, 3) and
             (x.shape[2] - 2) * (x.shape[3] - 2) >= WINOGRAD_MIN_OUTPUTS):
         return _winograd3(x, w, bias, acc_dtype)
     taps = np.ascontiguousarray(np.moveaxis(np.asarray(w, dtype=acc_dtype), (2, 3), (0, 1)))
@@ -100,7 +114,10 @@ def _conv2d(x, w, bias, acc_dtype):
             # Rows di .. di+out_h-1 of every channel, full width: a view, no copy.
             rows = xb[:, di : di + out_h, :].reshape(c_in, out_h * width)
             for dj in range(k):
-                np.matmul(taps[di, dj], rows, out=product)
+                if in_order:
+                    _matmul_in_order(taps[di, dj], rows, out=product)
+                else:
+                    np.matmul(taps[di, dj], rows, out=product)
                 acc += product.reshape(c_out, out_h, width)[:, :, dj : dj + out_w]
         acc += bias[:, None, None]
     return out
@@ -302,18 +319,35 @@ def conv2d_maxpool_scale(X, W, bias, pool_size=1, dtype=None):
                              _precision(dtype, X, W, bias)), p)
 
 
+# Up to this many multiply-adds (B * C_out * out_h * W * C_in * K * K) the baseline sums each
+# tap's products in channel order, as the PE array does; above it BLAS's sgemm stands in.
+# Why (measured 2026-11-28 on a Xeon with AVX-512, numpy 2.4.6's OpenBLAS 0.3.31): for small
+# matrices OpenBLAS takes kernels whose summation order depends on the operands' layout: the
+# (128 x 128) @ (128 x 2) product of a 1x1 conv had a max error of 1 fp32 ulp against 4 ulp for
+# the same product with the weights transposed (nkisim's nc_matmul) and for the in-order sum.
+# A baseline that lucky made the shipped kernels fail the 4x baseline check on 24 of 3,000
+# drawn fp32 runs (1x1 filters, small outputs; benchmarks/false_alarms.py); in order, 0.
+# For wide GEMMs (N = 500 columns) BLAS's max error is within 10% of the in-order sum's, so the
+# stand-in changes nothing there. 2**24 multiply-adds take about 20 ms in this loop.
+IN_ORDER_MAX_WORK = 1 << 24
+
+
 def conv2d_maxpool_baseline(X, W, bias, pool_size=1, dtype=None):
     """conv2d + bias + max pool as correct hardware computes it.
 
     Inputs are rounded to ``dtype`` (default: ``X.dtype``; round-to-nearest-even), then each
-    tap's matmul runs in float32 and the taps are summed in float32, as fp32 PSUM accumulation
-    does; the bias is added in float32; the pooled result is rounded to ``dtype``. The PE array
-    multiplies in at most fp32, so float64 inputs are rounded to float32 for the matmuls.
-    Returns an array of ``dtype``.
+    tap's matmul runs in float32, its products summed in channel order as the PE array's
+    columns do (BLAS's order on large convolutions: ``IN_ORDER_MAX_WORK``), and the taps are
+    summed in float32, as fp32 PSUM accumulation does; the bias is added in float32; the
+    pooled result is rounded to ``dtype``. The PE array multiplies in at most fp32, so float64
+    inputs are rounded to float32 for the matmuls. Returns an array of ``dtype``.
     """
     X, W, bias = np.asarray(X), np.asarray(W), np.asarray(bias)
     p = _check_shapes(X, W, bias, pool_size)
     dtype = np.dtype(X.dtype if dtype is None else dtype)
     # no copies when the inputs already are float32 (the B=4 fp32 input is 200 MB)
     x, w, b = (a.astype(dtype, copy=False).astype(np.float32, copy=False) for a in (X, W, bias))
-    return maxpool2d(_conv2d(x, w, b, np.float32), p).astype(dtype)
+    batch, c_in, h, width = X.shape
+    c_out, _, k, _ = W.shape
+    in_order = batch * c_out * (h - k + 1) * width * c_in * k * k <= IN_ORDER_MAX_WORK
+    return maxpool2d(_conv2d(x, w, b, np.float32, in_order=in_order), p).astype(dtype)

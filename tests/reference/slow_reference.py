@@ -27,6 +27,32 @@ def conv2d_loops(X, W, bias):
     return out
 
 
+def conv2d_fp32_in_order_loops(X, W, bias):
+    """The conv as fp32 hardware sums it, one scalar at a time: per tap (di, dj) a sum over the
+    input channels in order, every product and partial sum rounded to float32 (a systolic
+    array's column); the taps' sums added in order into a float32 accumulator (PSUM); then the
+    bias."""
+    f32 = np.float32
+    X, W, bias = (np.asarray(a, dtype=f32) for a in (X, W, bias))
+    batch, c_in, h, w = X.shape
+    c_out, _, fh, fw = W.shape
+    out = np.zeros((batch, c_out, h - fh + 1, w - fw + 1), dtype=f32)
+    for b in range(batch):
+        for c in range(c_out):
+            for i in range(h - fh + 1):
+                for j in range(w - fw + 1):
+                    acc = f32(0)
+                    for di in range(fh):
+                        for dj in range(fw):
+                            column = f32(0)
+                            for ci in range(c_in):
+                                column = f32(column + f32(X[b, ci, i + di, j + dj]
+                                                          * W[c, ci, di, dj]))
+                            acc = f32(acc + column)
+                    out[b, c, i, j] = f32(acc + bias[c])
+    return out
+
+
 def maxpool_loops(y, pool_size):
     """Max over non-overlapping pool_size x pool_size windows, floor mode."""
     batch, channels, h, w = y.shape
