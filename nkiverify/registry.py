@@ -439,7 +439,18 @@ def _default_baseline(golden):
     def baseline(*args, dtype=None, **kwargs):
         out = np.asarray(golden(*args, **kwargs), dtype=np.float64)
         return out.astype(dtype) if dtype is not None else out
+    baseline.rounds_golden = True
     return baseline
+
+
+def _baseline_applies(spec: KernelSpec, reduction: int) -> bool:
+    """The default baseline (the golden rounded once) is what hardware computes only for an
+    output rounded once from exact operands (reduction length 0 or 1). After a reduction the
+    fp32 sum's own rounding errors come first: a correct fp32 matmul of K=128 uniform [0, 1)
+    values is off by 5 fp32 ulps at max|golden| (in channel order; BLAS: 6), more than 4x the
+    half-ulp baseline, and was failed (measured 2026-11-28). With no baseline of its own such a
+    family is judged by the tolerance alone, which bounds the fp32 sum's error."""
+    return not (getattr(spec.baseline, "rounds_golden", False) and reduction > 1)
 
 
 def register(name: str, *, kernel, inputs: Callable, golden: Callable | None = None,
@@ -452,8 +463,10 @@ def register(name: str, *, kernel, inputs: Callable, golden: Callable | None = N
     ``(args_tuple, kwargs_dict)``; draw them with ``nkiverify.registry.values``.
     ``golden(*args, **kwargs)``: the exact result (computed in float64 from the inputs).
     ``baseline(*args, dtype=, **kwargs)``: what correct hardware computes (default: the golden
-    rounded once to ``dtype``). ``reduction_length``: products summed per output element (an
-    int, or ``params -> int``; 0 for a bit-exact copy); ``scale``: see ``nkiverify.compare``.
+    rounded once to ``dtype``, used only where the reduction length is at most 1: after a
+    longer fp32 sum the tolerance alone judges, see ``_baseline_applies``).
+    ``reduction_length``: products summed per output element (an int, or ``params -> int``; 0
+    for a bit-exact copy); ``scale``: see ``nkiverify.compare``.
 
         nkiverify.register("softmax", kernel="part3/softmax.py:softmax",
                            inputs=lambda p, dt, seed, dist: (values(rng(seed), (128, p["n"]), dt),),
@@ -687,9 +700,11 @@ def check_output(spec: KernelSpec, params, dtype, inputs: Inputs, actual, k: flo
     from .compare import compare
     if expected is None:
         expected = Expected(spec, dtype, inputs)
+    reduction = spec.reduction_length(params)
     return compare(actual, expected.golden, dtype_of(dtype),
-                   reduction_length=spec.reduction_length(params), scale=expected.scale,
-                   baseline=expected.baseline, k=k,
+                   reduction_length=reduction, scale=expected.scale,
+                   baseline=expected.baseline if _baseline_applies(spec, reduction) else None,
+                   k=k,
                    baseline_sample=None if expected._baseline is not None else
                    expected.baseline_sample)
 

@@ -125,3 +125,61 @@ def test_spec_for_names_what_it_cannot_resolve():
         registry.spec_for(lambda x: x)
     with pytest.raises(registry.KernelRefError, match="unknown kernel 'nope'"):
         registry.parse_kernel_ref("nope=x.py:f")
+
+
+MATMUL = '''
+import neuronxcc.nki as nki
+import neuronxcc.nki.isa as nisa
+import neuronxcc.nki.language as nl
+
+
+@nki.jit
+def matmul(a_t, b, lowp=False):
+    """a_t.T @ b, K in tiles of 128 accumulated in PSUM; ``lowp``: the operands in bf16."""
+    k_total, m = a_t.shape
+    n = b.shape[1]
+    out = nl.ndarray((m, n), dtype=b.dtype, buffer=nl.shared_hbm)
+    acc = nl.zeros((m, n), nl.float32, buffer=nl.psum)
+    for k in nl.affine_range(k_total // 128):
+        at = nl.load(a_t[k * 128:(k + 1) * 128, :])
+        bt = nl.load(b[k * 128:(k + 1) * 128, :])
+        if lowp:
+            at = nl.copy(at, dtype=nl.bfloat16)
+            bt = nl.copy(bt, dtype=nl.bfloat16)
+        acc += nisa.nc_matmul(at, bt)
+    nl.store(out, value=nl.copy(acc, dtype=b.dtype))
+    return out
+'''
+
+
+@pytest.mark.parametrize("k_total", [128, 512])
+def test_a_registered_reduction_is_not_failed_by_the_default_baseline(tmp_path, monkeypatch,
+                                                                      k_total):
+    # The default baseline is the golden rounded once: after an fp32 sum of K products the
+    # correct kernel is several fp32 ulps off (5-6 at K=128), which 4x that baseline failed.
+    # The tolerance still fails the same kernel computing with bf16 operands.
+    import numpy as np
+
+    from nkiverify.backends import get_backend
+    (tmp_path / "mm.py").write_text(MATMUL)
+    monkeypatch.setattr(registry, "KERNELS", dict(registry.KERNELS))
+
+    def inputs(params, dtype, seed, dist):
+        rng = np.random.default_rng(seed)
+        return ((registry.values(rng, (params["k"], 128), dtype, dist),
+                 registry.values(rng, (params["k"], 64), dtype, dist)),
+                {"lowp": params["lowp"]})
+
+    def golden(a_t, b, lowp=False):
+        return a_t.astype(np.float64).T @ b.astype(np.float64)
+
+    registry.register("mm", kernel=f"{tmp_path / 'mm.py'}:matmul", inputs=inputs,
+                      golden=golden, reduction_length=lambda p: p["k"])
+    backend = get_backend("nkisim", "trn2")
+    for seed in range(3):
+        good = registry.run_case("mm", {"k": k_total, "lowp": False}, "float32", backend,
+                                 seed=seed)
+        assert good.passed, good.comparison.message()
+        assert good.comparison.baseline_stats is None
+    bad = registry.run_case("mm", {"k": k_total, "lowp": True}, "float32", backend)
+    assert not bad.passed and "beyond tolerance" in bad.comparison.message()
