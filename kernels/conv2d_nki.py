@@ -132,9 +132,19 @@ def _transpose_weights(w_a, w_b, wT, co, n_ci, k):
                 for t in range(tg):
                     nisa.nc_transpose(dst=pb[:, t, :],
                                       data=w_b[:, ci * PMAX:(ci + 1) * PMAX, g * tg + t])
-                nisa.tensor_copy(
-                    dst=wT[:, ci, g * tg:(g + 1) * tg, (co + 1) * PMAX:(co + 2) * PMAX],
-                    src=pb, engine=nisa.engine.scalar)
+                _copy_on_scalar_engine(
+                    wT[:, ci, g * tg:(g + 1) * tg, (co + 1) * PMAX:(co + 2) * PMAX], pb)
+
+
+def _copy_on_scalar_engine(dst, src):
+    """``dst = src`` on the Scalar engine (beside the Vector engine's copy of the other half).
+    gen2 (trn1) has no Scalar-engine ``tensor_copy`` (STUB-R32: "no Scalar-Engine tensor_copy on
+    v2"): there the engine's copy is ``activation(op=nl.copy)``, exact for these weights (fp32
+    inside, values already in the weights' dtype)."""
+    if nisa.get_nc_version() == nisa.nc_version.gen2:
+        nisa.activation(dst=dst, op=nl.copy, data=src)
+    else:
+        nisa.tensor_copy(dst=dst, src=src, engine=nisa.engine.scalar)
 
 
 def _conv_band(X, X_out, wT, bias_sb, xt, ot, b, row0, prow0, rows, pool, k):
