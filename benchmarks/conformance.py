@@ -122,7 +122,8 @@ UPSTREAM_BROKEN = {
          "snapshot")],
 }
 # A test failure that is the test's (or kernel's) own, whatever runs the kernel: every pattern must
-# be in the failure's traceback. Counted as "not runnable upstream", left out of the pass rate.
+# be in the failing test's name or its traceback. Counted as "not runnable upstream", left out of
+# the pass rate.
 UPSTREAM_FAILING = {
     "nki-library": [       # at d2ad3a5
         (("KeyError: 'mask_out_hbm'", 'kernel_input["mask_out_hbm"]'),
@@ -138,6 +139,15 @@ UPSTREAM_FAILING = {
          "not runnable upstream: the harness's simulation path (test/utils/simulation_setup.py "
          "simulate_kernel) calls kernel_input.items(), which a multi-rank test's "
          "PerRankLazyInputGenerator does not have, before any simulator runs"),
+        (("Validation failed for ['out']", "test_moe_block_kernel_model[MODEL_WIP_GENERALITY_"
+          "ln-2_ae-1_ba-128_sq-4_hi-3072_ha-2880_im-360_ge-128_le-16_tk-4_"),
+         "the test's own reference routes differently: the kernel rounds its RMSNorm output to "
+         "bf16 (the tile has the input's dtype) before the router matmul, the golden keeps it "
+         "in fp32; at token 374 that moves expert 103 (local to rank 6) above expert 126 by "
+         "3.1e-4 in the kernel's fp32 logits (golden: 126 above 103 by 5.8e-4), ~10^4 fp32 "
+         "ulps, so any faithful simulator or device routes it to 103 and its output row "
+         "differs. The library's own torch reference run with the kernel's routing matches "
+         "nkisim's output within 0.77% of max|golden| on all 512 rows (diagnosed 2026-11-28)"),
     ],
     "nki-samples-head": [  # at 6905a68
         (("tensor_copy() got an unexpected keyword argument 'dtype'",),
@@ -706,9 +716,10 @@ def run_pytest(corpus: str, cwd: str, targets: list, pythonpath: list, extra: li
                     continue
                 r.failed += n
                 r.errors.append(("(import)", msg))
-            elif _upstream_failure(corpus, bad.text or ""):
+            elif _upstream_failure(corpus, f"{name}\n{bad.text or ''}"):
+                why = _upstream_failure(corpus, f"{name}\n{bad.text or ''}")
                 r.upstream += 1
-                r.errors.append((name, f"{_upstream_failure(corpus, bad.text)}: {msg}"))
+                r.errors.append((name, f"{why}: {msg}"))
             else:
                 r.failed += 1
                 r.errors.append((name, msg))

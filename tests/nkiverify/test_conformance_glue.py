@@ -199,3 +199,14 @@ def test_upstream_failures_are_recognised_by_all_their_patterns(conformance_modu
     assert why and "must_alias_input" in why
     assert conformance_module._upstream_failure(
         "nki-library", "E   KeyError: 'mask_out_hbm'  (raised inside the simulator)") is None
+
+
+def test_an_upstream_failure_can_name_its_parametrization(conformance_module):
+    test = ("test_moe_block_kernel_model[MODEL_WIP_GENERALITY_ln-2_ae-1_ba-128_sq-4_hi-3072_"
+            "ha-2880_im-360_ge-128_le-16_tk-4_rf-1_af-3_sm-1_wd-bfloat16_id-bfloat16_se-0]")
+    failure = "E   AssertionError: Validation failed for ['out']"
+    why = conformance_module._upstream_failure("nki-library", f"{test}\n{failure}")
+    assert why and "routes differently" in why
+    # the same message from another configuration is nkisim's to explain
+    other = test.replace("im-360", "im-720")
+    assert conformance_module._upstream_failure("nki-library", f"{other}\n{failure}") is None
