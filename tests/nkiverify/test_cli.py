@@ -167,6 +167,28 @@ def test_course_thresholds():
     assert cli._course_threshold("conv2d", small, "float16")[1:] == (84.0, 84.0)
     assert cli._course_threshold("conv2d", dict(perf, batch=4), "float32") is None
     assert cli._course_threshold("transpose", {"m": 4096, "n": 4096}, "float32")[1] == 700.0
+    # the trn1 course (cs149-assignment §3): one threshold per dtype at 224x224, pool 1 and 2
+    for pool in (1, 2):
+        assert cli._course_threshold("conv2d", dict(perf, pool=pool), "float32",
+                                     "trn1")[1:] == (4300.0, 4300.0)
+    assert cli._course_threshold("conv2d", perf, "float16", "trn1")[1:] == (1300.0, 1300.0)
+    assert cli._course_threshold("conv2d", small, "float16", "trn1") is None
+    assert cli._course_threshold("transpose", {"m": 4096, "n": 4096}, "float32", "trn1") is None
+
+
+def test_course_target_follows_the_checkouts_layout(tmp_path, monkeypatch):
+    monkeypatch.delenv("NKISIM_TARGET", raising=False)
+    (tmp_path / "part1").mkdir()
+    assert cli.course_target(str(tmp_path), None)[0] == "trn2"
+    (tmp_path / "part1" / "vec_add.py").write_text("")           # the trn1 course's runner
+    target, why = cli.course_target(str(tmp_path), None)
+    assert target == "trn1" and "part1/vec_add.py" in why
+    assert cli.course_target(str(tmp_path), "trn2") == ("trn2", "--target")
+    monkeypatch.setenv("NKISIM_TARGET", "TRN2")
+    assert cli.course_target(str(tmp_path), None) == ("trn2", "$NKISIM_TARGET")
+    monkeypatch.delenv("NKISIM_TARGET")
+    (tmp_path / "part1" / "run_benchmark.py").write_text("")     # trn2's runner
+    assert cli.course_target(str(tmp_path), None)[0] == "trn2"
 
 
 def test_bench_prints_the_estimate_and_writes_a_trace(capsys, tmp_path):

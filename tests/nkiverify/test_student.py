@@ -98,3 +98,17 @@ def test_nki_kernel_without_a_name_finds_the_family(checkouts):
              "--dtypes", "float16", "-j", "1")
     assert r.returncode == 0, r.stderr
     assert "stream-n384  float16" in r.stdout
+
+
+def test_course_checks_a_trn1_checkout_on_trn1(tmp_path):
+    # the trn1 course's layout (part1/vec_add.py, no transpose): simulated on trn1, with the
+    # trn1 course's thresholds
+    root = _checkout(tmp_path / "trn1", False)
+    (root / "part1" / "kernels.py").write_text((REPO / "kernels" / "vector_add.py").read_text())
+    (root / "part1" / "vec_add.py").write_text("# the trn1 course's Part 1 runner\n")
+    r = _run("-m", "nkiverify.cli", "course", str(root), "--quick", "--cases", "naive-n128",
+             "-j", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "on trn1 (the trn1 course's layout" in r.stderr
+    assert "on nkisim (trn1)" in r.stdout
+    assert "32x16 k=3 bias pool=2 float16" in r.stdout and "no course threshold on trn1" in r.stdout
