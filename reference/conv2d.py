@@ -186,7 +186,13 @@ def _winograd3(x, w, bias, acc_dtype=np.float64, tile_rows=WINOGRAD_TILE_ROWS):
     """Cross-correlation with a 3x3 filter plus bias by Winograd F(4x4, 3x3), in ``acc_dtype``.
 
     Output blocks of 4x4 from input tiles of 6x6 at stride 4 (the input is zero-padded to
-    whole tiles and the extra outputs dropped). All buffers are allocated once."""
+    whole tiles and the extra outputs dropped). All buffers are allocated once.
+
+    Every transform runs over whole contiguous buffers: a tile batch is (C, n tile rows,
+    tw + 1 tile columns), the extra column holding a value computed across the end of a row
+    that no output uses, so the column transform is six shifted 1-D views and each NumPy pass
+    is one long inner loop instead of one per row of tw (measured on a B=1 256 -> 256 224x224
+    image, min of 7 alternating runs: 0.87 s against 0.97 s for per-row strided passes)."""
     taps = np.asarray(w, dtype=acc_dtype)
     c_out, c_in = taps.shape[:2]
     # U = G g G^T per (C_out, C_in) filter, as (6, 6, C_out, C_in): 36 GEMM matrices
@@ -195,52 +201,60 @@ def _winograd3(x, w, bias, acc_dtype=np.float64, tile_rows=WINOGRAD_TILE_ROWS):
     batch, _, h, width = x.shape
     out_h, out_w = h - 2, width - 2
     th, tw = -(-out_h // 4), -(-out_w // 4)
+    tw1 = tw + 1
     nr = min(tile_rows, th)
     out = np.empty((batch, c_out, out_h, out_w), dtype=acc_dtype)
-    # the image's four column phases (column 4t + p is phase p, index t), contiguous and
-    # zero-padded to whole tiles (the padding is written once)
-    xph = np.zeros((4, c_in, 4 * th + 2, tw + 1), dtype=acc_dtype)
-    d_buf = np.empty((4, 6, c_in, nr, tw + 1), dtype=acc_dtype)
-    v_buf = np.empty((6, 6, c_in, nr * tw), dtype=acc_dtype)
-    m_buf = np.empty((6, 6, c_out, nr * tw), dtype=acc_dtype)
-    s_buf = np.empty((4, 6, c_out, nr * tw), dtype=acc_dtype)
-    y_buf = np.empty((4, c_out, nr, 4, tw), dtype=acc_dtype)    # column phase, rows in tile
-    tmp = np.empty(6 * max(c_in, c_out) * nr * (tw + 1), dtype=acc_dtype)
+    # the image's 16 phases (row 4s + r, column 4t + p is phase (r, p), index (s, t)),
+    # contiguous and zero-padded to whole tiles (the padding is written once)
+    xph = np.zeros((4, 4, c_in, th + 1, tw1), dtype=acc_dtype)
+    d_buf = np.empty((4, 6, c_in, nr, tw1), dtype=acc_dtype)     # column phase, tile row
+    v_buf = np.zeros((6, 6, c_in * nr * tw1), dtype=acc_dtype)
+    m_buf = np.empty((6, 6, c_out * nr * tw1), dtype=acc_dtype)
+    s_buf = np.empty((4, 6, c_out * nr * tw1), dtype=acc_dtype)
+    y_buf = np.empty((4, 4, c_out * nr * tw1), dtype=acc_dtype)  # row, column in the tile
+    tmp = np.empty(6 * max(c_in, c_out) * nr * tw1, dtype=acc_dtype)
     for b in range(batch):
-        for p in range(4):
-            cols = x[b][:, :, p::4]
-            xph[p, :, :h, : cols.shape[2]] = cols
+        for r in range(4):
+            for p in range(4):
+                ph = x[b][:, r::4, p::4]
+                xph[r, p, :, : ph.shape[1], : ph.shape[2]] = ph
         for t0 in range(0, th, nr):
             n = min(th, t0 + nr) - t0
             d = d_buf[:, :, :, :n]
             for p in range(4):
-                rows = [xph[p][:, 4 * t0 + i: 4 * (t0 + n) + i: 4, :] for i in range(6)]
+                # input row 4(t0 + s) + i is row phase i % 4, index t0 + s + i // 4
+                rows = [xph[i % 4, p][:, t0 + i // 4: t0 + i // 4 + n] for i in range(6)]
                 for a in range(6):
                     _comb(_BT4[a], rows, d[p, a], tmp)
-            v = v_buf[..., : n * tw].reshape(6, 6, c_in, n, tw)
+            v = v_buf[:, :, : c_in * n * tw1]
             for a in range(6):
-                dp = d[:, a]
-                cols = [dp[0][..., :tw], dp[1][..., :tw], dp[2][..., :tw], dp[3][..., :tw],
-                        dp[0][..., 1:], dp[1][..., 1:]]
+                # input column 4t + j is column phase j % 4, index t + j // 4: a shift of one
+                # along the flat buffer (the last element is never computed: v_buf starts 0)
+                f = [d[q, a].reshape(-1) for q in range(4)]
+                cols = [f[0][:-1], f[1][:-1], f[2][:-1], f[3][:-1], f[0][1:], f[1][1:]]
                 for c in range(6):
-                    _comb(_BT4[c], cols, v[a, c], tmp)
-            m = m_buf[..., : n * tw]
+                    _comb(_BT4[c], cols, v[a, c, :-1], tmp)
+            m = m_buf[:, :, : c_out * n * tw1]
             for a in range(6):
                 for c in range(6):
-                    np.matmul(U[a, c], v[a, c].reshape(c_in, n * tw), out=m[a, c])
-            s = s_buf[..., : n * tw]
+                    np.matmul(U[a, c], v[a, c].reshape(c_in, n * tw1),
+                              out=m[a, c].reshape(c_out, n * tw1))
+            s = s_buf[:, :, : c_out * n * tw1]
             for i in range(4):
                 _comb(_AT4[i], m, s[i], tmp)
-            y = y_buf[:, :, :n]
+            y = y_buf[:, :, : c_out * n * tw1]
             for i in range(4):
-                q = s[i].reshape(6, c_out, n, tw)
                 for j in range(4):
-                    _comb(_AT4[j], q, y[j][:, :, i], tmp)
+                    _comb(_AT4[j], s[i], y[i, j], tmp)
             r0, r1 = 4 * t0, min(out_h, 4 * (t0 + n))
-            for j in range(4):
-                yj = y[j].reshape(c_out, 4 * n, tw)
-                ncols = (out_w - j + 3) // 4
-                np.add(yj[:, : r1 - r0, :ncols], bias[:, None, None], out=out[b, :, r0:r1, j::4])
+            for i in range(4):
+                nrows = len(range(r0 + i, r1, 4))
+                for j in range(4):
+                    ncols = (out_w - j + 3) // 4
+                    if nrows and ncols:
+                        yij = y[i, j].reshape(c_out, n, tw1)
+                        np.add(yij[:, :nrows, :ncols], bias[:, None, None],
+                               out=out[b, :, r0 + i: r1: 4, j::4])
     return out
 
 
