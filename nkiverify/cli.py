@@ -734,7 +734,8 @@ def _course_latencies(args, quick: bool):
             inputs = spec.inputs(params, dtype, seed=0, dist="uniform")
             fn = backend.load(spec.import_path)
             runtime.simulate(fn, inputs.args, inputs.kwargs, target=backend.target)
-            _, us = runtime.estimate(runtime.last_run())
+            sched, us = runtime.estimate(runtime.last_run())
+            note = runtime.dge_range_note(runtime.last_run(), sched)
         except Exception as exc:
             out.append((label, None, f"not estimated: {_one_line(exc)}"))
             continue
@@ -745,6 +746,8 @@ def _course_latencies(args, quick: bool):
             verdict = ("full credit" if us <= optimized else
                        "partial credit" if us <= relaxed else "too slow")
             verdict += f" (optimized {optimized:.0f} us, relaxed {relaxed:.0f} us)"
+        if note:
+            verdict += f"; {note}"
         out.append((label, us, verdict))
     return out
 
@@ -951,6 +954,9 @@ def cmd_bench(args) -> int:
         else:
             print("  MFU                 n/a (no matmuls)")
         print(f"  bottleneck          {s['bottleneck']}")
+        note = runtime.dge_range_note(run, sched)
+        if note:
+            print(f"  DMA path            {note}")
         print("  engine busy         " + "  ".join(f"{e} {busy[e]:.0f}%" for e in busy))
         print(f"  DMA                 {s['dma_count']} transfers, "
               f"{s['dma_bytes'] / 2**20:.2f} MiB")

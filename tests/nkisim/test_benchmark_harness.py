@@ -135,3 +135,52 @@ def test_profile_of_a_wrapper_writes_the_kernels_timeline(tmp_path):
     prof(*_inputs())
     trace = json.loads((tmp_path / "w.json").read_text())
     assert "nc_matmul" in {e.get("name") for e in trace["traceEvents"]}
+
+
+ROW_COPIES = '''
+import neuronxcc.nki as nki
+import neuronxcc.nki.isa as nisa
+import neuronxcc.nki.language as nl
+
+
+@nki.jit
+def row_copies(a):
+    out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+    for m in nl.affine_range(a.shape[0]):
+        t = nl.ndarray((1, a.shape[1]), dtype=a.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(src=a[m:m + 1, :], dst=t)
+        nisa.dma_copy(src=t, dst=out[m:m + 1, :])
+    return out
+'''
+
+
+@pytest.mark.parametrize("target", ["trn2", "trn1"])
+def test_a_dge_bound_estimate_comes_with_its_disable_dge_range(tmp_path, target, capsys):
+    # 1,024 tiny DMAs: on trn2's default (hardware DGE) path their issue, ~600 ns each, is
+    # the whole latency; the note gives the --disable-dge estimate beside it. trn1 has no DGE.
+    import types
+
+    import nkisim.shim
+    from nkisim import runtime
+    nkisim.shim.install()
+    mod = types.ModuleType("row_copies_kernel")
+    exec(compile(ROW_COPIES, str(tmp_path / "row_copies.py"), "exec"), mod.__dict__)
+    a = np.arange(512 * 4, dtype=np.float32).reshape(512, 4)
+    out = runtime.simulate(mod.row_copies, (a,), {}, target=target)
+    np.testing.assert_array_equal(out, a)
+    run = runtime.last_run()
+    sched, us = runtime.estimate(run)
+    note = runtime.dge_range_note(run, sched)
+    if target == "trn1":
+        assert note is None
+        return
+    _, us_descriptors = runtime.estimate(run, "--disable-dge")
+    assert us > 1024 * 0.45 and us_descriptors < us / 2   # issue-bound against overlapped
+    assert note is not None and f"--disable-dge: {us_descriptors:.1f} us" in note
+    # a compute-bound kernel gets no note
+    runtime.simulate(_kernel(), _inputs(), {}, target="trn2")
+    run = runtime.last_run()
+    assert runtime.dge_range_note(run, runtime.estimate(run)[0]) is None
+    # nki.benchmark says it on stderr, beside the course's table
+    runtime.benchmark(warmup=1, iters=1)(mod.row_copies)(a)
+    assert "--disable-dge" in capsys.readouterr().err
