@@ -794,12 +794,20 @@ def cmd_course(args) -> int:
         case_id = label.split()[0]
         kernel = next(c.kernel for c in CASES if c.id == case_id)
         by_kernel.setdefault(kernel, []).append((label, message))
+    source = {c.id: c.source for c in CASES}
     for spec in specs:
         recs = [r for r in report.records if r.kernel == spec.name]
         ok = sum(r.passed for r in recs)
         status = "----" if not recs else "PASS" if ok == len(recs) else "FAIL"
+        # the configurations the course's own harness runs, apart from our extra cases
+        split = ""
+        course = [r for r in recs if source.get(r.case_id) == "course"]
+        if ok < len(recs) and 0 < len(course) < len(recs):
+            course_ok = sum(r.passed for r in course)
+            split = (f"; course configurations {course_ok}/{len(course)}, "
+                     f"extra cases {ok - course_ok}/{len(recs) - len(course)}")
         print(f"{status}  {spec.name:<9} {ok}/{len(recs)} cases  "
-              f"({os.path.relpath(spec.import_path, root)})"
+              f"({os.path.relpath(spec.import_path, root)}){split}"
               + ("  not checked (--cases)" if not recs else ""))
     if latencies:
         print("\nlatency estimates (nkisim cost model, the course's thresholds):")

@@ -69,10 +69,12 @@ def test_course_passes_the_correct_kernels(checkouts):
 def test_course_reports_the_missing_bias(checkouts):
     _, buggy = checkouts
     r = _run("-m", "nkiverify.cli", "course", str(buggy), "--quick", "--cases",
-             "conv2d-small-bias-pool2,naive-n128", "-j", "2")
+             "conv2d-small-bias-pool2,conv2d-small-c128-c128,naive-n128", "-j", "2")
     assert r.returncode == 1, r.stdout + r.stderr
     out = r.stdout
     assert "PASS  naive" in out and "FAIL  conv2d" in out
+    # the course's own bias-free configuration passes; our extra case with a bias does not
+    assert "course configurations 3/3, extra cases 0/3" in out
     assert "fix first:" in out
     assert "systematic error" in out and "missing bias" in out
     assert f"rerun: nki-verify run --kernel conv2d={buggy / 'part2' / 'conv2d.py'}" in out
