@@ -716,8 +716,7 @@ def run_pytest(corpus: str, cwd: str, targets: list, pythonpath: list, extra: li
                     continue
                 r.failed += n
                 r.errors.append(("(import)", msg))
-            elif _upstream_failure(corpus, f"{name}\n{bad.text or ''}"):
-                why = _upstream_failure(corpus, f"{name}\n{bad.text or ''}")
+            elif why := _upstream_failure(corpus, f"{name}\n{bad.text or ''}"):
                 r.upstream += 1
                 r.errors.append((name, f"{why}: {msg}"))
             else:

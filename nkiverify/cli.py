@@ -734,8 +734,9 @@ def _course_latencies(args, quick: bool):
             inputs = spec.inputs(params, dtype, seed=0, dist="uniform")
             fn = backend.load(spec.import_path)
             runtime.simulate(fn, inputs.args, inputs.kwargs, target=backend.target)
-            sched, us = runtime.estimate(runtime.last_run())
-            note = runtime.dge_range_note(runtime.last_run(), sched)
+            run = runtime.last_run()
+            sched, us = runtime.estimate(run)
+            note = runtime.dge_range_note(run, sched)
         except Exception as exc:
             out.append((label, None, f"not estimated: {_one_line(exc)}"))
             continue
