@@ -90,12 +90,20 @@ def _matmul_in_order(a, b, out):
     return out
 
 
+def _all_finite(*arrays):
+    """Whether every element is finite: a float64 sum without a temporary array (any inf or
+    NaN makes it non-finite; so can an overflow of huge finite values, which only costs the
+    Winograd path)."""
+    return all(np.isfinite(np.sum(a, dtype=np.float64)) for a in arrays)
+
+
 def _conv2d(x, w, bias, acc_dtype, in_order=False):
     """Cross-correlation plus bias, every matmul and every sum carried out in ``acc_dtype``;
     ``in_order``: each tap's matmul sums over C_in in channel order (``_matmul_in_order``)."""
     # (K, K, C_out, C_in): each tap matrix is contiguous, so matmul does not copy it.
     if (not in_order and np.dtype(acc_dtype) == np.float64 and w.shape[2:] == (3, 3) and
-            (x.shape[2] - 2) * (x.shape[3] - 2) >= WINOGRAD_MIN_OUTPUTS):
+            (x.shape[2] - 2) * (x.shape[3] - 2) >= WINOGRAD_MIN_OUTPUTS and
+            _all_finite(x, w, bias)):
         return _winograd3(x, w, bias, acc_dtype)
     taps = np.ascontiguousarray(np.moveaxis(np.asarray(w, dtype=acc_dtype), (2, 3), (0, 1)))
     bias = np.asarray(bias, dtype=acc_dtype)
@@ -130,12 +138,20 @@ def _conv2d(x, w, bias, acc_dtype, in_order=False):
 # 3x3), used before: 2.25x). Its transforms scale by up to 8 and 1/24, so in float64 the result
 # differs from the direct sum by about 1e-14 of the summed magnitudes (measured on random
 # signed inputs: 1.2e-13 absolute on outputs of magnitude 10, F(2x2): 1e-14), against the
-# 3e-8 half ulp of the fp32 outputs it judges. Measured on the 2-core machine, two 256 -> 256
-# 224x224 images in float64: 1.46-1.52 s against 1.71-1.74 s for F(2x2, 3x3) (issue 12: the
-# golden of the B=4 fp32 case had become as long as its simulation). The column passes read
-# the image's four column phases as contiguous slices, not stride-4 ones. Used for the float64
-# golden only: the float32 models keep the direct taps (the baseline is what fp32 hardware
-# accumulation does).
+# 3e-8 half ulp of the fp32 outputs it judges. Used for the float64 golden of finite inputs
+# only: the float32 models keep the direct taps (the baseline is what fp32 hardware
+# accumulation does), and so do inputs with an inf or a NaN (the transforms' differences would
+# turn an inf into NaN where the direct sum keeps it).
+#
+# Both transforms are one GEMM each over a whole batch of tiles: B^T d B of every tile is the
+# 36x36 Kronecker matrix B^T (x) B^T times the tile's 36 values, A^T m A the 16x36 matrix
+# A^T (x) A^T times its 36 products. The dense matrices multiply by their zeros too, but a GEMM
+# reads its operand once where the separable transform (2 x 6 small combinations of rows, then
+# of columns, one NumPy pass each) read it about a hundred times; the transforms are
+# memory-bound, the GEMM is not. Measured 2026-11-28 on the 2-core AVX-512 machine, one
+# 256 -> 256 224x224 image in float64, alternating runs: 0.61-0.74 s against 0.87-1.05 s for
+# the separable transforms (issue 12: the golden of the B=4 fp32 case is as long as its
+# simulation). Of the 0.61 s, 0.28 s are the 36 GEMMs over C_in.
 WINOGRAD_TILE_ROWS = 8       # tile rows per GEMM batch: 33 MB of float64 transforms at C=256
 # Below this many outputs per image the direct taps are faster (fixed costs: the filter
 # transform, the buffers); measured with F(2x2, 3x3), 256 channels: 30x14 outputs 0.09 s
@@ -158,45 +174,26 @@ _AT4 = np.array([[1, 1, 1, 1, 1, 0],
                  [0, 1, -1, 2, -2, 0],
                  [0, 1, 1, 4, 4, 0],
                  [0, 1, -1, 8, -8, 1]], dtype=np.float64)
-
-
-def _comb(coefs, ins, out, tmp):
-    """out = sum(c * a for c, a in zip(coefs, ins)) over the nonzero c, in that order."""
-    first = True
-    for c, a in zip(coefs, ins):
-        if c == 0:
-            continue
-        if first:
-            if c == 1:
-                np.copyto(out, a)
-            else:
-                np.multiply(a, c, out=out)
-            first = False
-        elif c == 1:
-            np.add(out, a, out=out)
-        elif c == -1:
-            np.subtract(out, a, out=out)
-        else:
-            t = tmp[: out.size].reshape(out.shape)
-            np.multiply(a, c, out=t)
-            np.add(out, t, out=out)
+# row a*6 + c of _BT36 makes V[a, c] from the tile's d[i, j] at column i*6 + j; row i*4 + j of
+# _AT16 makes Y[i, j] from M[a, c] at column a*6 + c
+_BT36 = np.kron(_BT4, _BT4)
+_AT16 = np.kron(_AT4, _AT4)
 
 
 def _winograd3(x, w, bias, acc_dtype=np.float64, tile_rows=WINOGRAD_TILE_ROWS):
     """Cross-correlation with a 3x3 filter plus bias by Winograd F(4x4, 3x3), in ``acc_dtype``.
 
     Output blocks of 4x4 from input tiles of 6x6 at stride 4 (the input is zero-padded to
-    whole tiles and the extra outputs dropped). All buffers are allocated once.
-
-    Every transform runs over whole contiguous buffers: a tile batch is (C, n tile rows,
-    tw + 1 tile columns), the extra column holding a value computed across the end of a row
-    that no output uses, so the column transform is six shifted 1-D views and each NumPy pass
-    is one long inner loop instead of one per row of tw (measured on a B=1 256 -> 256 224x224
-    image, min of 7 alternating runs: 0.87 s against 0.97 s for per-row strided passes)."""
+    whole tiles and the extra outputs dropped). All buffers are allocated once. A batch of
+    ``tile_rows`` tile rows is (C, n tile rows, tw + 1 tile columns): the extra column (a tile
+    across the end of the row, read from the zero padding) makes every gathered tile value one
+    3-D copy and is dropped with the padding."""
     taps = np.asarray(w, dtype=acc_dtype)
     c_out, c_in = taps.shape[:2]
-    # U = G g G^T per (C_out, C_in) filter, as (6, 6, C_out, C_in): 36 GEMM matrices
+    # U = G g G^T per (C_out, C_in) filter, as (36, C_out, C_in): 36 GEMM matrices
     U = np.ascontiguousarray(np.einsum("ak,oikl,bl->aboi", _G4, taps, _G4))
+    U = U.reshape(36, c_out, c_in)
+    bt36, at16 = _BT36.astype(acc_dtype), _AT16.astype(acc_dtype)
     bias = np.asarray(bias, dtype=acc_dtype)
     batch, _, h, width = x.shape
     out_h, out_w = h - 2, width - 2
@@ -205,14 +202,12 @@ def _winograd3(x, w, bias, acc_dtype=np.float64, tile_rows=WINOGRAD_TILE_ROWS):
     nr = min(tile_rows, th)
     out = np.empty((batch, c_out, out_h, out_w), dtype=acc_dtype)
     # the image's 16 phases (row 4s + r, column 4t + p is phase (r, p), index (s, t)),
-    # contiguous and zero-padded to whole tiles (the padding is written once)
-    xph = np.zeros((4, 4, c_in, th + 1, tw1), dtype=acc_dtype)
-    d_buf = np.empty((4, 6, c_in, nr, tw1), dtype=acc_dtype)     # column phase, tile row
-    v_buf = np.zeros((6, 6, c_in * nr * tw1), dtype=acc_dtype)
-    m_buf = np.empty((6, 6, c_out * nr * tw1), dtype=acc_dtype)
-    s_buf = np.empty((4, 6, c_out * nr * tw1), dtype=acc_dtype)
-    y_buf = np.empty((4, 4, c_out * nr * tw1), dtype=acc_dtype)  # row, column in the tile
-    tmp = np.empty(6 * max(c_in, c_out) * nr * tw1, dtype=acc_dtype)
+    # contiguous and zero-padded to whole tiles plus the extra column (written once)
+    xph = np.zeros((4, 4, c_in, th + 1, tw1 + 1), dtype=acc_dtype)
+    d_buf = np.empty((36, c_in, nr, tw1), dtype=acc_dtype)       # tile value i*6 + j
+    v_buf = np.empty((36, c_in * nr * tw1), dtype=acc_dtype)
+    m_buf = np.empty((36, c_out * nr * tw1), dtype=acc_dtype)
+    y_buf = np.empty((16, c_out * nr * tw1), dtype=acc_dtype)    # row i*4 + j of the block
     for b in range(batch):
         for r in range(4):
             for p in range(4):
@@ -220,39 +215,28 @@ def _winograd3(x, w, bias, acc_dtype=np.float64, tile_rows=WINOGRAD_TILE_ROWS):
                 xph[r, p, :, : ph.shape[1], : ph.shape[2]] = ph
         for t0 in range(0, th, nr):
             n = min(th, t0 + nr) - t0
-            d = d_buf[:, :, :, :n]
-            for p in range(4):
-                # input row 4(t0 + s) + i is row phase i % 4, index t0 + s + i // 4
-                rows = [xph[i % 4, p][:, t0 + i // 4: t0 + i // 4 + n] for i in range(6)]
-                for a in range(6):
-                    _comb(_BT4[a], rows, d[p, a], tmp)
-            v = v_buf[:, :, : c_in * n * tw1]
-            for a in range(6):
-                # input column 4t + j is column phase j % 4, index t + j // 4: a shift of one
-                # along the flat buffer (the last element is never computed: v_buf starts 0)
-                f = [d[q, a].reshape(-1) for q in range(4)]
-                cols = [f[0][:-1], f[1][:-1], f[2][:-1], f[3][:-1], f[0][1:], f[1][1:]]
-                for c in range(6):
-                    _comb(_BT4[c], cols, v[a, c, :-1], tmp)
-            m = m_buf[:, :, : c_out * n * tw1]
-            for a in range(6):
-                for c in range(6):
-                    np.matmul(U[a, c], v[a, c].reshape(c_in, n * tw1),
-                              out=m[a, c].reshape(c_out, n * tw1))
-            s = s_buf[:, :, : c_out * n * tw1]
-            for i in range(4):
-                _comb(_AT4[i], m, s[i], tmp)
-            y = y_buf[:, :, : c_out * n * tw1]
-            for i in range(4):
-                for j in range(4):
-                    _comb(_AT4[j], s[i], y[i, j], tmp)
+            cols = n * tw1
+            d = d_buf[:, :, :n]
+            for i in range(6):
+                for j in range(6):
+                    # input row 4(t0 + s) + i is row phase i % 4, index t0 + s + i // 4;
+                    # input column 4t + j likewise
+                    d[i * 6 + j] = xph[i % 4, j % 4, :, t0 + i // 4: t0 + i // 4 + n,
+                                       j // 4: j // 4 + tw1]
+            v = v_buf[:, : c_in * cols]
+            np.matmul(bt36, d.reshape(36, c_in * cols), out=v)
+            m = m_buf[:, : c_out * cols]
+            for k in range(36):
+                np.matmul(U[k], v[k].reshape(c_in, cols), out=m[k].reshape(c_out, cols))
+            y = y_buf[:, : c_out * cols]
+            np.matmul(at16, m, out=y)
             r0, r1 = 4 * t0, min(out_h, 4 * (t0 + n))
             for i in range(4):
                 nrows = len(range(r0 + i, r1, 4))
                 for j in range(4):
                     ncols = (out_w - j + 3) // 4
                     if nrows and ncols:
-                        yij = y[i, j].reshape(c_out, n, tw1)
+                        yij = y[i * 4 + j].reshape(c_out, n, tw1)
                         np.add(yij[:, :nrows, :ncols], bias[:, None, None],
                                out=out[b, :, r0 + i: r1: 4, j::4])
     return out

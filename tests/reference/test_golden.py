@@ -86,6 +86,25 @@ def test_winograd_3x3_float64_golden_matches_loops(shape, tile_rows, monkeypatch
     np.testing.assert_allclose(conv2d_maxpool(X, Wt, bias), want, rtol=1e-12, atol=1e-12)
 
 
+def test_float64_golden_keeps_an_inf_input_where_the_direct_sum_does(monkeypatch):
+    # Winograd's transforms subtract, so an inf input would come out as NaN across its whole
+    # 4x4 block; the golden takes the direct taps when an input is not finite
+    import reference.conv2d as conv
+    monkeypatch.setattr(conv, "WINOGRAD_MIN_OUTPUTS", 1)
+    rng = np.random.default_rng(3)
+    X = rng.random((1, 2, 10, 11)).astype(np.float32)
+    Wt = rng.random((3, 2, 3, 3)).astype(np.float32) + np.float32(0.5)   # all positive
+    bias = np.zeros(3, np.float32)
+    X[0, 1, 4, 5] = np.inf
+    got = conv2d_maxpool(X, Wt, bias)
+    inf_rows, inf_cols = slice(2, 5), slice(3, 6)       # the outputs whose window holds it
+    assert np.all(got[0, :, inf_rows, inf_cols] == np.inf)
+    finite = np.ones(got.shape, bool)
+    finite[0, :, inf_rows, inf_cols] = False
+    X[0, 1, 4, 5] = 0
+    np.testing.assert_allclose(got[finite], conv2d_loops(X, Wt, bias)[finite], rtol=1e-12)
+
+
 @pytest.mark.parametrize("case", CONV_CASES[:6], ids=case_id)
 def test_conv2d_matches_scipy_correlate(case):
     # scipy.ndimage, not scipy.signal: importing scipy.signal costs ~1.1 s of CPU (it parses its
