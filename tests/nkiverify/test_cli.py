@@ -176,6 +176,39 @@ def test_course_thresholds():
     assert cli._course_threshold("transpose", {"m": 4096, "n": 4096}, "float32", "trn1") is None
 
 
+def test_latency_caveat_names_what_stands_before_the_grade():
+    from nkiverify.report import CaseRecord
+    cases = {c.id: c for c in CASES}
+
+    def rec(case_id, dtype, passed):
+        c = cases[case_id]
+        return CaseRecord(c.kernel, dtype, case_id, passed, {}, 0.0, "nkisim", "trn2",
+                          params=dict(c.params))
+
+    perf = dict(cases["conv2d-perf-224"].params)
+    # the trn2 calibration solution's shape of result: fp32 right everywhere the course
+    # checks, fp16 wrong on the timed configuration itself
+    records = [rec("conv2d-large-bias", "float32", True), rec("conv2d-perf-224", "float32", True),
+               rec("conv2d-perf-224", "float16", False), rec("conv2d-c384", "float32", False)]
+    assert cli._latency_caveat("conv2d", perf, "float32", records, "trn2") == ""
+    assert cli._latency_caveat("conv2d", perf, "float16", records, "trn2") == \
+        " (but its output on this configuration is wrong)"
+    # a configuration that was not run, while the kernel fails elsewhere
+    small = dict(cases["conv2d-perf-32x16"].params)
+    assert "was not checked, and 2 of its conv2d runs fail" in \
+        cli._latency_caveat("conv2d", small, "float32", records, "trn2")
+    # the trn2 harness times nothing after a float32 correctness failure; trn1's times anyway
+    records.append(rec("conv2d-large-bias-pool2", "float32", False))
+    gated = cli._latency_caveat("conv2d", perf, "float32", records, "trn2")
+    assert "correctness configuration conv2d-large-bias-pool2 fails our check" in gated
+    assert "skips the performance tests" in gated
+    assert cli._latency_caveat("conv2d", perf, "float32", records, "trn1") == ""
+    # a float16 run of a course correctness configuration is ours, not the course's gate
+    only_fp16 = [rec("conv2d-large-bias", "float16", False),
+                 rec("conv2d-perf-224", "float32", True)]
+    assert cli._latency_caveat("conv2d", perf, "float32", only_fp16, "trn2") == ""
+
+
 def test_course_target_follows_the_checkouts_layout(tmp_path, monkeypatch):
     monkeypatch.delenv("NKISIM_TARGET", raising=False)
     (tmp_path / "part1").mkdir()
