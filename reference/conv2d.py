@@ -138,10 +138,10 @@ def _conv2d(x, w, bias, acc_dtype, in_order=False):
 # 3x3), used before: 2.25x). Its transforms scale by up to 8 and 1/24, so in float64 the result
 # differs from the direct sum by about 1e-14 of the summed magnitudes (measured on N(0, 1)
 # inputs, 256 -> 256 channels, 64x64: at most 4.2e-15 of the sum of |terms|, 6.2e-12 absolute
-# on outputs up to 237), against the 3e-8 half ulp of the fp32 outputs it judges. Used for the float64 golden of finite inputs
-# only: the float32 models keep the direct taps (the baseline is what fp32 hardware
-# accumulation does), and so do inputs with an inf or a NaN (the transforms' differences would
-# turn an inf into NaN where the direct sum keeps it).
+# on outputs up to 237), against the 3e-8 half ulp of the fp32 outputs it judges. Used for
+# the float64 golden of finite inputs only: the float32 models keep the direct taps (the
+# baseline is what fp32 hardware accumulation does), and so do inputs with an inf or a NaN
+# (the transforms' differences would turn an inf into NaN where the direct sum keeps it).
 #
 # Both transforms are one GEMM each over a whole batch of tiles: B^T d B of every tile is the
 # 36x36 Kronecker matrix B^T (x) B^T times the tile's 36 values, A^T m A the 16x36 matrix
@@ -201,28 +201,29 @@ def _winograd3(x, w, bias, acc_dtype=np.float64, tile_rows=WINOGRAD_TILE_ROWS):
     tw1 = tw + 1
     nr = min(tile_rows, th)
     out = np.empty((batch, c_out, out_h, out_w), dtype=acc_dtype)
-    # the image's 16 phases (row 4s + r, column 4t + p is phase (r, p), index (s, t)),
-    # contiguous and zero-padded to whole tiles plus the extra column (written once)
-    xph = np.zeros((4, 4, c_in, th + 1, tw1 + 1), dtype=acc_dtype)
+    # the 16 phases of a batch's input rows (row 4(t0 + s) + r, column 4t + p is phase (r, p),
+    # index (s, t)), contiguous and zero-padded to whole tiles plus the extra column; the
+    # columns past the image stay zero, rows past it are zeroed where a batch ends early
+    xph = np.zeros((4, 4, c_in, nr + 1, tw1 + 1), dtype=acc_dtype)
     d_buf = np.empty((36, c_in, nr, tw1), dtype=acc_dtype)       # tile value i*6 + j
     v_buf = np.empty((36, c_in * nr * tw1), dtype=acc_dtype)
     m_buf = np.empty((36, c_out * nr * tw1), dtype=acc_dtype)
     y_buf = np.empty((16, c_out * nr * tw1), dtype=acc_dtype)    # row i*4 + j of the block
     for b in range(batch):
-        for r in range(4):
-            for p in range(4):
-                ph = x[b][:, r::4, p::4]
-                xph[r, p, :, : ph.shape[1], : ph.shape[2]] = ph
         for t0 in range(0, th, nr):
             n = min(th, t0 + nr) - t0
             cols = n * tw1
+            for r in range(4):
+                for p in range(4):
+                    ph = x[b][:, 4 * t0 + r: 4 * (t0 + n + 1) + r: 4, p::4]
+                    xph[r, p, :, : ph.shape[1], : ph.shape[2]] = ph
+                    xph[r, p, :, ph.shape[1]:] = 0
             d = d_buf[:, :, :n]
             for i in range(6):
                 for j in range(6):
-                    # input row 4(t0 + s) + i is row phase i % 4, index t0 + s + i // 4;
-                    # input column 4t + j likewise
-                    d[i * 6 + j] = xph[i % 4, j % 4, :, t0 + i // 4: t0 + i // 4 + n,
-                                       j // 4: j // 4 + tw1]
+                    # input row 4(t0 + s) + i is row phase i % 4, index s + i // 4; input
+                    # column 4t + j likewise
+                    d[i * 6 + j] = xph[i % 4, j % 4, :, i // 4: i // 4 + n, j // 4: j // 4 + tw1]
             v = v_buf[:, : c_in * cols]
             np.matmul(bt36, d.reshape(36, c_in * cols), out=v)
             m = m_buf[:, : c_out * cols]

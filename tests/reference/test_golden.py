@@ -86,6 +86,21 @@ def test_winograd_3x3_float64_golden_matches_loops(shape, tile_rows, monkeypatch
     np.testing.assert_allclose(conv2d_maxpool(X, Wt, bias), want, rtol=1e-12, atol=1e-12)
 
 
+def test_winograd_batches_do_not_see_each_others_rows():
+    # the tile-row batches share one buffer of input phases: where the last batch ends before
+    # it, the rows past the image must read as zeros, not as the previous batch's rows (huge
+    # here: their cancellation in the transforms would swamp the last rows' outputs)
+    import reference.conv2d as conv
+    rng = np.random.default_rng(11)
+    # out_h 10: a batch of 2 tile rows, then one of 1, whose input rows past the image (12
+    # and 13) sit in the shared buffer where the first batch had rows 4 and 5
+    X, Wt, bias = make_conv_inputs(rng, 1, 3, 2, 12, 9, 3, signed=True)
+    X[:, :, :8] *= np.float32(1e30)
+    got = conv._winograd3(X, Wt, bias, tile_rows=2)
+    want = conv2d_loops(X, Wt, bias)
+    np.testing.assert_allclose(got[:, :, 8:], want[:, :, 8:], rtol=1e-12, atol=1e-12)
+
+
 def test_float64_golden_keeps_an_inf_input_where_the_direct_sum_does(monkeypatch):
     # Winograd's transforms subtract, so an inf input would come out as NaN across its whole
     # 4x4 block; the golden takes the direct taps when an input is not finite
