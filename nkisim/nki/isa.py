@@ -36,6 +36,7 @@ from ..tensor import (
     PENDING,
     PendingMatmul,
     Tensor,
+    _add_into,
     _masked_shadow_view,
     accumulator_garbage,
     assign,
@@ -952,9 +953,8 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         _same_elements(dst, res, api)
         instr = res._producer
         inc = fit(values(res), dst.shape, res.shape)
-    init = psum_init.get(dst)        # per element: did a matmul initialise it?
-    init_all = bool(init.all())
-    init_any = init_all or bool(init.any())
+    # per element: did a matmul initialise it? (init: None when every one was)
+    init_all, init_any, init = psum_init.state(dst)
     if accumulate is None:
         add_all, add_any = init_all, init_any
     elif accumulate:
@@ -971,12 +971,12 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         # adds garbage and was warned about): exempt from the race checks, as for
         # `psum += nisa.nc_matmul(...)` (an associative reduction)
         garbage = None
-        if dst._w is not None and init_any:
+        if dst._ws is not None and init_any:     # (_w would materialize a lazy shadow)
             garbage = accumulator_garbage(
                 run, dst, dst if init_all else _masked_shadow_view(dst, init, run),
                 "nc_matmul (accumulate)")
         if add_all and dst._idx is None and values(dst).dtype == np.float32:
-            write(dst, None, api, accumulate=True, run=run, add=inc)    # in place, one pass
+            _add_into(run, dst, inc)        # in place, one pass (as Beta 1's `psum += ...`)
         else:
             cur = np.asarray(values(dst), np.float32)
             vals = cur + inc if add_all else np.where(init, cur + inc, inc)

@@ -75,6 +75,43 @@ def test_matmul_accumulates_in_place_like_numpy():
     np.testing.assert_array_equal(nki.simulate_kernel(kernel, a, b), want)
 
 
+def test_current_dialect_matmul_accumulates_in_place_like_numpy():
+    # nki.isa.nc_matmul(dst, ..., accumulate=None): the first matmul overwrites, the others
+    # add in place, as Beta 1's `acc += ...` does: the same fp32 sums, and the accumulator's
+    # write epochs stay one summary (no element-wise shadow is built for the group)
+    import nkisim.nki as nki_now
+    from nkisim import ops
+    from nkisim.nki import isa as isa_now
+
+    rng = np.random.default_rng(2)
+    a = rng.random((4, 128, 128), dtype=np.float32)
+    b = rng.random((4, 128, 512), dtype=np.float32)
+    seen = []
+
+    @nki_now.jit
+    def kernel(a_in, b_in):
+        out = ops.ndarray((128, 512), np.float32, buffer=ops.shared_hbm)
+        acc = ops.ndarray((128, 512), np.float32, buffer=ops.psum)
+        for k in range(4):
+            at = ops.ndarray((128, 128), np.float32, buffer=ops.sbuf)
+            bt = ops.ndarray((128, 512), np.float32, buffer=ops.sbuf)
+            isa_now.dma_copy(dst=at, src=a_in[k])
+            isa_now.dma_copy(dst=bt, src=b_in[k])
+            isa_now.nc_matmul(acc, at, bt)
+        seen.append(acc.root.shadow)
+        res = ops.ndarray((128, 512), np.float32, buffer=ops.sbuf)
+        isa_now.tensor_copy(dst=res, src=acc)
+        isa_now.dma_copy(dst=out, src=res)
+        return out
+
+    want = np.zeros((128, 512), np.float32)
+    with threadpool_limits(1, user_api="blas"):
+        for k in range(4):
+            want += a[k].T @ b[k]
+    np.testing.assert_array_equal(kernel(a, b), want)
+    assert seen == [None]
+
+
 def test_a_one_column_tile_covers_all_its_partitions():
     # A (128, 1) fp32 tile's last stride equals its row size; a size-1 dimension must not be read
     # as a partition step (it once recorded such tiles as partition 0 only, dropping scheduler

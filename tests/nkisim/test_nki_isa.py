@@ -1004,6 +1004,19 @@ def test_matmul_true_into_fresh_psum_is_garbage_and_warns_from_0_5(monkeypatch):
     assert np.isnan(out).all()
 
 
+@pytest.mark.parametrize("steps, cols_twice", [
+    # a whole tile initialised, then half of it rewritten by a memset: that half starts over
+    ([("mm", None, ALL), ("memset", 5.0, slice(0, 8)), ("mm", None, ALL)], slice(8, 16)),
+    # a whole tile initialised, then a matmul into a part of it: that part accumulates
+    ([("mm", None, ALL), ("mm", None, slice(0, 8))], slice(0, 8)),
+])
+def test_matmul_none_after_a_whole_tile_group(steps, cols_twice):
+    out = _mm_kernel(steps)(W, X)
+    expect = MM.copy()
+    expect[:, cols_twice] *= 2
+    np.testing.assert_allclose(out, expect, rtol=1e-5)
+
+
 def test_matmul_none_tracks_overlapping_regions_per_element():
     # the conv pattern (RN 2.32): [0:10) then [6:16): columns 6..9 accumulate, 10..15 start
     out = _mm_kernel([("mm", None, slice(0, 10)), ("mm", None, slice(6, 16))])(W, X)
