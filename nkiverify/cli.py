@@ -63,6 +63,7 @@ from .fixtures.configs import (  # noqa: E402
     CASES,
     KERNELS,
     TRANSPOSE_EC_US,
+    by_id,
     course_thresholds,
 )
 
@@ -718,7 +719,6 @@ def _latency_caveat(kernel, params, dtype, records, target) -> str:
     "Correctness failed, skipping performance tests." and times nothing (the trn1 course's
     harness times the kernel anyway; cs149-assignment §2, §3). Those tests use np.allclose,
     not our check, so the caveat says whose check failed."""
-    cases = {c.id: c for c in CASES}
     notes = []
     own = [r for r in records if (r.kernel, r.params, r.dtype) == (kernel, params, dtype)]
     failing = [r for r in records if r.kernel == kernel and not r.passed]
@@ -728,10 +728,9 @@ def _latency_caveat(kernel, params, dtype, records, target) -> str:
         notes.append(f"its output on this configuration was not checked, and {len(failing)} "
                      f"of its {kernel} runs fail")
     if kernel == "conv2d" and target == "trn2":
-        failed = sorted({r.case_id for r in failing
-                         if r.dtype == "float32" and r.case_id in cases
-                         and cases[r.case_id].source == "course"
-                         and cases[r.case_id].purpose == "correctness"})
+        failed = sorted({r.case_id for r in failing if r.dtype == "float32" and
+                         (by_id(r.case_id).source, by_id(r.case_id).purpose) ==
+                         ("course", "correctness")})
         if failed:
             notes.append(f"the course's float32 correctness configuration {failed[0]} fails "
                          "our check, and the course's harness skips the performance tests "
@@ -822,17 +821,14 @@ def cmd_course(args) -> int:
     print("\n==== summary ====")
     by_kernel: dict = {}
     for label, message in failures:
-        case_id = label.split()[0]
-        kernel = next(c.kernel for c in CASES if c.id == case_id)
-        by_kernel.setdefault(kernel, []).append((label, message))
-    source = {c.id: c.source for c in CASES}
+        by_kernel.setdefault(by_id(label.split()[0]).kernel, []).append((label, message))
     for spec in specs:
         recs = [r for r in report.records if r.kernel == spec.name]
         ok = sum(r.passed for r in recs)
         status = "----" if not recs else "PASS" if ok == len(recs) else "FAIL"
         # the configurations the course's own harness runs, apart from our extra cases
         split = ""
-        course = [r for r in recs if source.get(r.case_id) == "course"]
+        course = [r for r in recs if by_id(r.case_id).source == "course"]
         if ok < len(recs) and 0 < len(course) < len(recs):
             course_ok = sum(r.passed for r in course)
             split = (f"; course configurations {course_ok}/{len(course)}, "
