@@ -1,8 +1,9 @@
 """The current dialect's destination-passing ISA against Beta 1's form of the same instruction.
 
-``nki.isa`` (nkisim/nki/isa.py) computes through the core instruction and retargets it into
-``dst``, as Beta 1's ``dst[...] = nisa.op(...)`` does, and ``nc_matmul`` keeps a per-element
-"matmul-initialised" state for ``accumulate=None``. This prints the time per instruction of:
+``nki.isa`` (nkisim/nki/isa.py) computes through the core instruction and writes its result
+straight into ``dst`` (``nkisim.tensor.write_into``), where Beta 1's ``dst[...] = nisa.op(...)``
+builds a result tile and retargets it; ``nc_matmul`` keeps a per-element "matmul-initialised"
+state for ``accumulate=None``. This prints the time per instruction of:
 
 - ``nc_matmul``: ``nisa.nc_matmul(psum, a, b)`` (accumulate=None) vs Beta 1's
   ``psum += nisa.nc_matmul(a, b)``, a (128, 128) stationary and a (128, 512) moving fp32 tile, 16

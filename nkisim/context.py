@@ -164,6 +164,8 @@ class Run:
     spmd: object = None                               # the grid's pseudo-Loop (kind "spmd")
     par_cache: tuple = (0, ())                        # (epoch, parallel loops): nkisim.checks
     assoc: object = None                              # Allocation under `acc += x` (checks)
+    into: object = None                               # the dst the next result is written
+    #                                                   into (ops.result_tile, nki.isa._direct)
     strict: bool = False                              # NKISIM_STRICT=1: tolerated rules raise
     taint: object = None                              # uninitialized values read by the current
     #                                                   instruction (nkisim.tensor.read/write)

@@ -34,7 +34,7 @@ from .errors import nki_error
 
 # the Run fields that belong to one program instance (swapped at every switch)
 _FIELDS = ("program_ids", "shared_hbm_cursor", "loops", "epoch", "par_cache", "taint",
-           "last_fresh", "assoc", "nesting", "vector_acc", "memory",
+           "last_fresh", "assoc", "into", "nesting", "vector_acc", "memory",
            "sbuf_bytes", "psum_bytes", "direct_sites")
 
 # Python's default thread stack (8 MiB on Linux, less elsewhere) is small for deep kernels;
@@ -148,7 +148,7 @@ class Instances:
             run.loops = []
             run.epoch = 1
             run.par_cache = (0, ())
-            run.taint = run.last_fresh = run.assoc = None
+            run.taint = run.last_fresh = run.assoc = run.into = None
             run.nesting = 0
             run.vector_acc = {}
             run.memory = Memory(run)

@@ -171,15 +171,31 @@ def _mask(mask, shape):
                             f"instruction's shape {list(shape)}") from None
 
 
+# False: an instruction of the current face always builds its result tile, which ``_into``
+# then copies into its dst (tests compare both paths)
+DIRECT_RESULTS = True
+
+
 def result_tile(run, shape, dtype, vals, op, engine, reads, detail, buffer=sbuf, mask=None,
                 name=None, fresh=False, site=None):
     """Create the instruction's output tile, write ``vals``, record the instruction.
 
     ``fresh``: ``vals`` was just computed by the op and nothing else references it, so it may
     become the tile's storage without a copy (``tensor.allocate(storage=)``). ``site``: the
-    kernel's (file, line), when the op has it."""
+    kernel's (file, line), when the op has it. ``run.into`` (set by the current face's
+    ``nki.isa._direct``): the tile to write the result into instead, when it can go there
+    directly (``tensor.write_into``); that tile is returned then."""
     if site is None:
         site = context.caller_location()       # (the op's caller's line: the kernel's)
+    into = run.into
+    if into is not None:
+        run.into = None                        # (for this instruction's result only)
+        if DIRECT_RESULTS and mask is None and run.taint is None and engine != TENSOR:
+            instr = tensor.write_into(run, into, shape, dtype, buffer, vals, op, engine, reads,
+                                      detail, site)
+            if instr is not None:
+                into._producer = instr         # (nkisim.nki.isa._direct restores it)
+                return into
     storage = vals if fresh and mask is None else None
     t = allocate(shape, dtype, buffer, name or "", None, op, mask is not None, storage, run,
                  site)

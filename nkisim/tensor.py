@@ -1981,6 +1981,47 @@ def pending_allocatable(run, out) -> bool:
     return (out.shape, dtypes.F32, id(psum), False) in run.alloc_specs
 
 
+def write_into(run, dst: Tensor, shape, dtype, buffer, vals, op, engine, reads, detail,
+               site):
+    """An instruction's result written straight into ``dst`` (the current face's
+    destination-passing ISA, ``nkisim.nki.isa._direct``): what ``ops.result_tile`` followed by
+    ``_into``/``assign(dst, result)`` do, without the result tile that ``assign`` discards
+    (issue 12: its allocation, write, region and release were a third of a ``tensor_tensor``'s
+    interpreter time). The same observable effects: the result tile's allocation id, the count
+    of its allocation site and its clock tick (as ``record_pending``), the write of ``dst`` with
+    the result's values cast to its dtype (the result tile has ``dst``'s dtype: one rounding
+    either way), one record whose written region is ``dst`` and whose shape is the result's.
+    Returns the Instr, or None (nothing done) where the literal path is needed: a result
+    shape this run has not allocated before (its allocation could fail), another dtype, or
+    a ``dst`` the result does not fit (the face then raises its error)."""
+    try:
+        spec = run.alloc_specs.get((shape, dtype, id(buffer), False))
+    except TypeError:
+        return None
+    if spec is None or spec.dt != dst.dtype or dst._slots is not None or \
+            dst.root.buffer == "hbm":
+        return None
+    ds, rs = dst.shape, spec.shape
+    if (ds[0] if ds else 1) != rs[0] or math.prod(ds) != math.prod(rs):
+        return None
+    memory = run.memory
+    next(_ids)
+    counts = memory.site_counts
+    key = (spec.buf.kind, site[0], site[1], run.epoch)        # (as _site_key counts it)
+    counts[key] = counts.get(key, 0) + 1
+    memory.clock += 1
+    if getattr(vals, "shape", None) != rs:
+        vals = np.broadcast_to(vals, rs)
+    write(dst, fit(vals, ds, rs), op, run=run)
+    if len(reads) == 2:
+        regs = (region(reads[0]), region(reads[1]))
+    else:
+        regs = tuple([region(r) for r in reads])
+    p = rs[0]
+    return run.record(op, engine, regs, (region(dst),), dtypes.name(dst.dtype), p,
+                      math.prod(spec.phys_shape) // p, detail, site)
+
+
 def record_pending(t: Tensor):
     """Pop the pending matmul and record it as writing ``t``, with the effects the result
     tile's allocation would have had on what is observable: an allocation id, the count of

@@ -338,6 +338,24 @@ def _into(dst, res, api, name):
     return _handle(instr, name)
 
 
+def _direct(dst, api, name, core, *args, **kwargs):
+    """``core(*args, **kwargs)`` (an engine op of nkisim.engines that returns what
+    ``ops.result_tile`` makes, untouched) with its result written straight into ``dst``
+    (``tensor.write_into``: no result tile, issue 12), or through ``_into`` when the result
+    cannot go there directly (the literal path decides: same trace, same errors)."""
+    run = context.current()
+    prev = dst._producer
+    run.into = dst
+    try:
+        res = core(*args, **kwargs)
+    finally:
+        run.into = None
+        instr, dst._producer = dst._producer, prev      # (a record of dst's own, if any)
+    if res is dst:
+        return _handle(instr, name)
+    return _into(dst, res, api, name)
+
+
 def _handle(instr, name):
     if name is not None:
         instr.detail["name"] = name
@@ -433,8 +451,7 @@ def tensor_copy(dst, src, engine=engine.unknown, name=None):
     if eng == _core.engine.scalar and context.current().arch.nc_version < 3:
         raise _invalid(f"{api} on the Scalar engine is not available on gen2; use "
                        "nisa.activation(op=nl.copy)")
-    res = _core.tensor_copy(src, dtype=dst.dtype, engine=eng)
-    return _into(dst, res, api, name)
+    return _direct(dst, api, name, _core.tensor_copy, src, dtype=dst.dtype, engine=eng)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -465,8 +482,8 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
         raise _invalid(f"{api} data1 {shape_str(data1.shape)} and data2 "
                        f"{shape_str(data2.shape)} must have the same partitions and elements "
                        "per partition (no broadcast: use tensor_scalar)")
-    res = _core.tensor_tensor(data1, data2, _tok(op), dtype=dst.dtype, engine=eng)
-    return _into(dst, res, api, name)
+    return _direct(dst, api, name, _core.tensor_tensor, data1, data2, _tok(op), dtype=dst.dtype,
+                   engine=eng)
 
 
 @_validated
@@ -491,9 +508,8 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
         if pair not in (("multiply", "add"), ("multiply", None), ("add", None)):
             raise _invalid(f"{api} on the Scalar engine of gen3 supports (multiply, add), "
                            f"(multiply, None) and (add, None) as (op0, op1), got {pair}")
-    res = _core.tensor_scalar(data, _tok(op0), operand0, reverse0, _tok(op1), operand1, reverse1,
-                              dtype=dst.dtype, engine=eng)
-    return _into(dst, res, api, name)
+    return _direct(dst, api, name, _core.tensor_scalar, data, _tok(op0), operand0, reverse0,
+                   _tok(op1), operand1, reverse1, dtype=dst.dtype, engine=eng)
 
 
 @_validated
@@ -509,10 +525,9 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     _no_gpsimd_psum(api, eng, dst=dst, data=data, operand0=operand0, operand1=operand1)
     if data.root.buffer == "psum" and operand1.root.buffer == "psum":
         raise _invalid(f"{api} data and operand1 cannot both be in PSUM")
-    res = _core.scalar_tensor_tensor(data=data, op0=_tok(op0), operand0=operand0, op1=_tok(op1),
-                                     operand1=operand1, reverse0=reverse0, reverse1=reverse1,
-                                     dtype=dst.dtype, engine=eng)
-    return _into(dst, res, api, name)
+    return _direct(dst, api, name, _core.scalar_tensor_tensor, data=data, op0=_tok(op0),
+                   operand0=operand0, op1=_tok(op1), operand1=operand1, reverse0=reverse0,
+                   reverse1=reverse1, dtype=dst.dtype, engine=eng)
 
 
 @_validated
@@ -537,8 +552,7 @@ def reciprocal(dst, data, engine=engine.unknown, name=None):
     _onchip(dst, api, "dst")
     _onchip(data, api, "data")
     _no_gpsimd_psum(api, eng, dst=dst, data=data)
-    res = _core.reciprocal(data, dtype=dst.dtype, engine=eng)
-    return _into(dst, res, api, name)
+    return _direct(dst, api, name, _core.reciprocal, data, dtype=dst.dtype, engine=eng)
 
 
 @_validated
@@ -559,6 +573,9 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
         # carry the Scalar Engine accumulators across instructions, which nkisim does not model
         raise nki_error("nkisim_unsupported", what=f"{api} reduce_cmd={rc.name}",
                         why="the Scalar Engine accumulator registers are not simulated")
+    if reduce_res is None:        # (with reduce_res, dst is written after it, as before)
+        return _direct(dst, api, name, _core.activation, _tok(op), data, bias=bias, scale=scale,
+                       reduce_op=_tok(reduce_op), dtype=dst.dtype)
     res = _core.activation(_tok(op), data, bias=bias, scale=scale, reduce_op=_tok(reduce_op),
                            reduce_res=reduce_res, dtype=dst.dtype)
     return _into(dst, res, api, name)
@@ -594,9 +611,8 @@ def tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None):
     if norm != list(range(nd - len(norm), nd)) or norm[0] < 1:
         raise _invalid(f"{api} axis {tuple(axes)} must be the last contiguous free dimensions "
                        f"of the {nd}-D data (e.g. ({nd - 1},) or {tuple(range(1, nd))})")
-    res = _core.tensor_reduce(_tok(op), data, tuple(norm), negate=negate, keepdims=keepdims,
-                              dtype=dst.dtype)
-    return _into(dst, res, api, name)
+    return _direct(dst, api, name, _core.tensor_reduce, _tok(op), data, tuple(norm),
+                   negate=negate, keepdims=keepdims, dtype=dst.dtype)
 
 
 @_validated
@@ -744,8 +760,7 @@ def memset(dst, value, engine=engine.unknown, name=None):
             "the value's type must match dst.dtype",
             "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.32.0/nki/migration/index.html")
         value = int(value)
-    res = _core.memset(dst.shape, value, dst.dtype, engine=eng)
-    return _into(dst, res, api, name)
+    return _direct(dst, api, name, _core.memset, dst.shape, value, dst.dtype, engine=eng)
 
 
 @_validated

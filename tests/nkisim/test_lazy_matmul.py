@@ -1,4 +1,5 @@
-"""``acc += nisa.nc_matmul(...)`` without the intermediate result tile (issue 12).
+"""Instruction results without their intermediate result tile (issue 12): ``acc +=
+nisa.nc_matmul(...)``, and the current face's destination-passing ISA (at the end of the file).
 
 ``nc_matmul`` returns a ``PendingMatmul`` when its caller's next bytecode is ``+=``; ``inplace``
 adds it without building the result tile (nkisim.tensor, "acc += nisa.nc_matmul(...) without the
@@ -17,6 +18,7 @@ import pytest
 
 from nkisim import engines, runtime
 from nkisim import nki as nki_face
+from nkisim import ops as ops_mod
 from nkisim import tensor as tensor_mod
 from nkisim.beta1 import isa as nisa
 from nkisim.beta1 import language as nl
@@ -347,3 +349,182 @@ def test_operand_tiles_die_in_the_same_order(monkeypatch):
         return out
     got = _same(kernel, (A, B), monkeypatch)
     assert got[4] == (2, 1, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# the current face's `nisa.op(dst, ...)`: the result written straight into dst
+# (nkisim.tensor.write_into), compared with the path that builds the result tile and copies it
+# (ops.DIRECT_RESULTS off), as above
+
+def _same_direct(kernel, args, monkeypatch, checks="all"):
+    """Run ``kernel`` on both paths; compare everything ``_same`` compares. Returns (outputs,
+    error, warnings, results written straight into their dst)."""
+    runs = []
+    for direct in (True, False):
+        hits = []
+        with monkeypatch.context() as m:
+            m.setattr(ops_mod, "DIRECT_RESULTS", direct)
+            def spy(*a, into=tensor_mod.write_into, hits=hits):
+                instr = into(*a)
+                hits.append(instr is not None)
+                return instr
+            m.setattr(tensor_mod, "write_into", spy)
+            m.setenv("NKISIM_CHECKS", checks)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                out = err = None
+                try:
+                    out = kernel(*args)
+                except Exception as e:      # noqa: BLE001 - compared between the two paths
+                    err = (type(e).__name__, str(e))
+        runs.append((out, err, [(w.category, str(w.message), w.lineno) for w in caught],
+                     _digest(runtime.last_run()), hits.count(True)))
+    got, want = runs
+    if want[0] is None:
+        assert got[0] is None
+    else:
+        np.testing.assert_array_equal(got[0], want[0])
+        assert got[0].dtype == want[0].dtype
+    assert got[1:4] == want[1:4]
+    assert want[4] == 0
+    return got[0], got[1], got[2], got[4]
+
+
+def _isa_kernel(dtype, reduce=False):
+    """Every op `_direct` serves, into whole tiles and views of a wider tile of ``dtype``, in
+    an affine loop (a result shape's first instruction allocates it: the literal path), then
+    stored."""
+    nl, nisa = nki_face.language, nki_face.isa
+
+    @nki_face.jit
+    def k(x, y):
+        xs = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=xs, src=x)
+        ys = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=ys, src=y)
+        col = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=col, src=ys[:, 0:1])
+        wide = nl.ndarray((128, 8, 64), dtype=dtype, buffer=nl.sbuf)
+        red = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+        for _ in nl.affine_range(2):
+            t = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=t, data1=xs, data2=ys, op=nl.multiply)
+            nisa.tensor_tensor(dst=wide[:, 0, :], data1=t, data2=ys, op=nl.subtract)
+            nisa.tensor_scalar(dst=wide[:, 1, :], data=xs, op0=nl.multiply, operand0=col,
+                               op1=nl.add, operand1=0.5)
+            nisa.scalar_tensor_tensor(dst=wide[:, 2, :], data=xs, op0=nl.multiply,
+                                      operand0=2.0, op1=nl.add, operand1=ys)
+            nisa.reciprocal(dst=wide[:, 3, :], data=ys)
+            nisa.activation(dst=wide[:, 4, :], op=nl.exp, data=xs, scale=col,
+                            reduce_op=nl.add if reduce else None,
+                            reduce_res=red if reduce else None)
+            ps = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.psum)
+            nisa.tensor_copy(dst=ps, src=t)
+            nisa.tensor_copy(dst=wide[:, 5, :], src=ps)
+            nisa.memset(dst=wide[:, 6, :], value=0.25)
+            nisa.tensor_reduce(dst=wide[:, 7, 0:4], op=nl.maximum,
+                               data=xs.reshape((128, 4, 16)), axis=2)
+            nisa.memset(dst=wide[:, 7, 4:64], value=1.0)
+        o = nl.ndarray((128, 8, 64), dtype=dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=o, src=wide)
+        return o
+    return k
+
+
+X64 = RNG.random((128, 64), dtype=np.float32)
+Y64 = RNG.random((128, 64), dtype=np.float32) + 0.5
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("checks", ["all", "none"])
+def test_current_face_ops_write_their_dst_as_the_result_tile_path(monkeypatch, dtype, checks):
+    nl = nki_face.language
+    out, err, _, direct = _same_direct(_isa_kernel(getattr(nl, dtype)), (X64, Y64),
+                                       monkeypatch, checks)
+    assert err is None
+    # per iteration 12 results; the first of each result shape and dtype allocates its tile
+    assert direct >= 12
+    col = Y64[:, 0:1]
+    last = np.concatenate([X64.reshape(128, 4, 16).max(axis=2), np.ones((128, 60))], axis=1)
+    want = np.stack([X64 * Y64 - Y64, X64 * col + 0.5, X64 * 2 + Y64, 1 / Y64,
+                     np.exp(X64 * col), X64 * Y64, np.full((128, 64), 0.25), last], axis=1)
+    np.testing.assert_allclose(out.astype(np.float32), want, rtol=1e-2 if dtype != "float32"
+                               else 1e-6)
+
+
+def test_activation_with_reduce_res_keeps_the_result_tile_path(monkeypatch):
+    _, err, _, direct = _same_direct(_isa_kernel(nki_face.language.float32, reduce=True),
+                                     (X64, Y64), monkeypatch)
+    assert err is None and direct >= 11     # every op but that activation
+
+
+def _error_kernel(case):
+    nl, nisa = nki_face.language, nki_face.isa
+
+    @nki_face.jit
+    def k(x):
+        xs = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=xs, src=x)
+        acc = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=acc, data1=xs, data2=xs, op=nl.add)
+        part = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=part[:, 0:32], src=xs[:, 0:32])
+        ints = nl.ndarray((128, 64), dtype=nl.int32, buffer=nl.sbuf)
+        for _ in nl.affine_range(2):
+            if case == "shape":         # 64 elements per partition into 32
+                nisa.tensor_tensor(dst=acc[:, 0:32], data1=xs, data2=xs, op=nl.add)
+            elif case == "partitions":  # 128 partitions into 64
+                nisa.tensor_tensor(dst=acc[0:64, :], data1=xs, data2=xs, op=nl.add)
+            elif case == "int32":       # fp32 results rounded into an int32 dst
+                nisa.tensor_scalar(dst=ints, data=xs, op0=nl.multiply, operand0=100.0)
+            elif case == "garbage":     # never-written operand columns: tainted, as before
+                nisa.tensor_tensor(dst=acc, data1=part, data2=xs, op=nl.add)
+            else:                       # every iteration writes the same tile
+                nisa.tensor_tensor(dst=acc, data1=xs, data2=xs, op=nl.add)
+        o = nl.ndarray((128, 64), dtype=ints.dtype if case == "int32" else nl.float32,
+                       buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=o, src=ints if case == "int32" else acc)
+        return o
+    return k
+
+
+@pytest.mark.parametrize("case", ["shape", "partitions", "int32", "garbage", "plain"])
+def test_current_face_errors_and_taint_are_those_of_the_result_tile_path(monkeypatch, case):
+    out, err, warned, direct = _same_direct(_error_kernel(case), (X64,), monkeypatch)
+    if case in ("shape", "partitions"):
+        assert err is not None and "does not match" in err[1] and direct == 0
+    elif case == "int32":
+        assert err is None and direct >= 1
+        np.testing.assert_array_equal(out, np.rint(X64 * 100))     # round to nearest
+    elif case == "garbage":     # the taint goes through the result tile: never direct there
+        assert direct == 0 and any("partly" in m or "never" in m for _, m, _ in warned), warned
+    else:
+        assert err is None and direct >= 1
+        np.testing.assert_array_equal(out, X64 + X64)
+
+
+def test_a_result_tile_made_on_the_same_line_keeps_its_buffer(monkeypatch):
+    """A tile an nl.* op allocates on the line of a direct instruction: its allocation-site
+    number (its buffer in the trace) counts the result tile the direct write did without."""
+    nl, nisa = nki_face.language, nki_face.isa
+
+    @nki_face.jit
+    def k(x):
+        xs = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=xs, src=x)
+        t = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=t, data1=xs, data2=xs, op=nl.add)   # (the shape's first result)
+        o = nl.ndarray((2, 128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        for i in nl.affine_range(2):
+            nisa.tensor_tensor(dst=t, data1=xs, data2=xs, op=nl.add); u = nl.add(t, xs)  # noqa: E702
+            nisa.dma_copy(dst=o[i], src=u)
+        v = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.tensor_tensor(dst=t, data1=xs, data2=t, op=nl.add)
+        v[...] = t          # a copy of t (t is not a fresh result: no retargeting)
+        nisa.dma_copy(dst=o[0], src=v)
+        return o
+    out, err, _, direct = _same_direct(k, (X64,), monkeypatch)
+    assert err is None and direct == 3
+    np.testing.assert_array_equal(out, np.stack([3 * X64, 3 * X64]))
+    assert [i.op for i in runtime.last_run().trace.instrs][-3:] == \
+        ["tensor_tensor", "tensor_copy", "dma_copy"]
