@@ -68,18 +68,24 @@ def _simulate(call, lazy, monkeypatch, checks):
         else:
             m.setattr(engines, "LAZY_RESULTS", False)
         m.setenv("NKISIM_CHECKS", checks)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            out = err = None
-            try:
-                out = call()
-            except Exception as e:      # noqa: BLE001 - compared between the two paths
-                err = (type(e).__name__, str(e))
+        out, err, warned = _capture(call)
         if err is None:
             assert not tensor_mod.PENDING       # nothing left pending after a run
         tensor_mod.PENDING.clear()
-        return out, err, [(w.category, str(w.message), w.lineno) for w in caught], \
-            _digest(runtime.last_run()), (made.count(True), len(built), len(face))
+        return out, err, warned, _digest(runtime.last_run()), \
+            (made.count(True), len(built), len(face))
+
+
+def _capture(call):
+    """(``call()``'s result or None, (error type, message) or None, the warnings it issued)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = err = None
+        try:
+            out = call()
+        except Exception as e:      # noqa: BLE001 - compared between the two paths
+            err = (type(e).__name__, str(e))
+    return out, err, [(w.category, str(w.message), w.lineno) for w in caught]
 
 
 def _same(kernel, args, monkeypatch, checks="all", face=False):
@@ -370,15 +376,8 @@ def _same_direct(kernel, args, monkeypatch, checks="all"):
                 return instr
             m.setattr(tensor_mod, "write_into", spy)
             m.setenv("NKISIM_CHECKS", checks)
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                out = err = None
-                try:
-                    out = kernel(*args)
-                except Exception as e:      # noqa: BLE001 - compared between the two paths
-                    err = (type(e).__name__, str(e))
-        runs.append((out, err, [(w.category, str(w.message), w.lineno) for w in caught],
-                     _digest(runtime.last_run()), hits.count(True)))
+            out, err, warned = _capture(lambda: kernel(*args))
+        runs.append((out, err, warned, _digest(runtime.last_run()), hits.count(True)))
     got, want = runs
     if want[0] is None:
         assert got[0] is None
