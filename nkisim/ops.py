@@ -204,10 +204,7 @@ def result_tile(run, shape, dtype, vals, op, engine, reads, detail, buffer=sbuf,
         root.adopted = False   # (write's adopted-storage case, inline: nothing left to do)
     else:
         write(t, vals, op, run=run, mask=mask)
-    if len(reads) == 2:
-        regs = (region(reads[0]), region(reads[1]))
-    else:
-        regs = tuple([region(r) for r in reads])
+    regs = tensor.read_regions(reads)
     if t.paxis == 0:            # (what _partitions and _free give for a tile, inline)
         p = t.shape[0]
         free = t._arr.size // p

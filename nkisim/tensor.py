@@ -1981,6 +1981,32 @@ def pending_allocatable(run, out) -> bool:
     return (out.shape, dtypes.F32, id(psum), False) in run.alloc_specs
 
 
+def same_elements(ds, rs) -> bool:
+    """Shapes ``ds`` (a destination) and ``rs`` (a result) have the same partitions and the same
+    element count: the result can be written into the destination (the ISA writes its output
+    access pattern; no broadcast)."""
+    return (ds[0] if ds else 1) == (rs[0] if rs else 1) and math.prod(ds) == math.prod(rs)
+
+
+def read_regions(reads) -> tuple:
+    """The regions of an instruction's operand tiles, in order (``region``)."""
+    if len(reads) == 2:             # (the commonest: two operands, without a list)
+        return region(reads[0]), region(reads[1])
+    return tuple([region(r) for r in reads])
+
+
+def _unallocated_result(run, kind, site) -> None:
+    """What allocating an instruction's result tile at ``site`` changes that can be observed,
+    for a result that goes without its tile (``write_into``, ``record_pending``): an allocation
+    id, the count of its allocation site (as ``_site_key`` counts it), a clock tick."""
+    memory = run.memory
+    next(_ids)
+    counts = memory.site_counts
+    key = (kind, site[0], site[1], run.epoch)
+    counts[key] = counts.get(key, 0) + 1
+    memory.clock += 1
+
+
 def write_into(run, dst: Tensor, shape, dtype, buffer, vals, op, engine, reads, detail,
                site):
     """An instruction's result written straight into ``dst`` (the current face's
@@ -2002,24 +2028,15 @@ def write_into(run, dst: Tensor, shape, dtype, buffer, vals, op, engine, reads, 
             dst.root.buffer == "hbm":
         return None
     ds, rs = dst.shape, spec.shape
-    if (ds[0] if ds else 1) != rs[0] or math.prod(ds) != math.prod(rs):
+    if not same_elements(ds, rs):
         return None
-    memory = run.memory
-    next(_ids)
-    counts = memory.site_counts
-    key = (spec.buf.kind, site[0], site[1], run.epoch)        # (as _site_key counts it)
-    counts[key] = counts.get(key, 0) + 1
-    memory.clock += 1
+    _unallocated_result(run, spec.buf.kind, site)
     if getattr(vals, "shape", None) != rs:
         vals = np.broadcast_to(vals, rs)
     write(dst, fit(vals, ds, rs), op, run=run)
-    if len(reads) == 2:
-        regs = (region(reads[0]), region(reads[1]))
-    else:
-        regs = tuple([region(r) for r in reads])
     p = rs[0]
-    return run.record(op, engine, regs, (region(dst),), dtypes.name(dst.dtype), p,
-                      math.prod(spec.phys_shape) // p, detail, site)
+    return run.record(op, engine, read_regions(reads), (region(dst),), dtypes.name(dst.dtype),
+                      p, math.prod(spec.phys_shape) // p, detail, site)
 
 
 def record_pending(t: Tensor):
@@ -2029,12 +2046,7 @@ def record_pending(t: Tensor):
     values). The caller writes ``t`` and then stamps the operands described since
     (``Memory.release`` of the result tile did)."""
     _, run, out, st, mv, detail, site, _ = PENDING.pop()     # (the last reference to it)
-    memory = run.memory
-    next(_ids)
-    counts = memory.site_counts
-    key = ("psum", site[0], site[1], run.epoch)
-    counts[key] = counts.get(key, 0) + 1
-    memory.clock += 1
+    _unallocated_result(run, "psum", site)
     M = out.shape[0]
     instr = run.record("nc_matmul", TENSOR_ENGINE, (region(st), region(mv)), (region(t),),
                        "float32", M, out.size // M, detail, site)

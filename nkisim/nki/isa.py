@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import math
 import operator
 
 import numpy as np
@@ -46,6 +45,7 @@ from ..tensor import (
     pending_allocatable,
     record_pending,
     region,
+    same_elements,
     taint_elements,
     values,
     write,
@@ -320,8 +320,7 @@ def _same_elements(dst, res, api):
     """``dst`` receives the instruction's result: same partitions, same elements per
     partition (the ISA writes its output access pattern; no broadcast)."""
     ds, rs = dst.shape, res.shape
-    dp, rp = (ds[0] if ds else 1), (rs[0] if rs else 1)
-    if dp != rp or math.prod(ds) != math.prod(rs):
+    if not same_elements(ds, rs):
         raise _invalid(f"{api} dst shape {shape_str(ds)} does not match the result shape "
                        f"{shape_str(rs)}")
 
@@ -957,8 +956,7 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         # no result tile unless something needs it (nkisim.tensor.PendingMatmul, issue 12)
         out = PENDING[0][2]
         ds = dst.shape
-        if (ds[0] if ds else 1) == out.shape[0] and math.prod(ds) == out.size and \
-                pending_allocatable(run, out):
+        if same_elements(ds, out.shape) and pending_allocatable(run, out):
             instr, out = record_pending(dst)
             inc = fit(out, ds, out.shape)
         else:
