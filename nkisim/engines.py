@@ -16,6 +16,7 @@ import numpy as np
 
 from . import context, dtypes, gemm
 from . import ops as nl  # the core's language operations (nl.* op codes, DMA helpers)
+from .dstform import into_target
 from .errors import nki_error, shape_str
 from .indexing import IndexExpr, MaskExpr
 from .ops import (
@@ -219,6 +220,7 @@ def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=oob_mode.error,
     nl._dma(dst, src, vals, "dma_copy", run, mask=_mask(mask, dst.shape), accumulate_op=acc)
 
 
+@into_target
 def tensor_copy(src, *, mask=None, dtype=None, engine=engine.unknown, **kwargs):
     run = context.current()
     x = _tile(src, "tensor_copy", "src")
@@ -237,6 +239,7 @@ def tensor_copy(src, *, mask=None, dtype=None, engine=engine.unknown, **kwargs):
 # ---------------------------------------------------------------------------------------------
 # element-wise
 
+@into_target
 def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
                   *, dtype=None, mask=None, engine=engine.unknown, **kwargs):
     """``(data <op0> operand0) <op1> operand1`` with scalar or (P, 1) operands."""
@@ -277,6 +280,7 @@ def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, 
                        tiles, detail, mask=_mask(mask, shape))
 
 
+@into_target
 def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unknown, **kwargs):
     """Element-wise ``data1 <op> data2``; both tiles have the same partitions."""
     run = context.current()
@@ -326,6 +330,7 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unkn
                        mask=None if mask is None else _mask(mask, out.shape), fresh=True)
 
 
+@into_target
 def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False,
                          dtype=None, mask=None, engine=engine.unknown, **kwargs):
     """``(data <op0> operand0) <op1> operand1`` with operand0 scalar/(P,1), operand1 a tile."""
@@ -380,6 +385,7 @@ def tensor_tensor_scan(data0, data1, initial, op0, op1, reverse0=False, reverse1
                        mask=_mask(mask, _tile_shape(a)))
 
 
+@into_target
 def tensor_reduce(op, data, axis, *, mask=None, dtype=None, negate=False, keepdims=False,
                   **kwargs):
     """Reduce free axes with ``op`` on VectorE; ``negate`` multiplies the result by -1."""
@@ -415,6 +421,7 @@ def tensor_reduce(op, data, axis, *, mask=None, dtype=None, negate=False, keepdi
                        VECTOR, (x,), detail, mask=out_mask)
 
 
+@into_target(unless=("reduce_res",))
 def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
                reduce_cmd=reduce_cmd.idle, mask=None, dtype=None, **kwargs):
     """ScalarE ``op(data * scale + bias)`` in fp32, cast to ``dtype`` (ref §1.10)."""
@@ -487,6 +494,7 @@ def activation_reduce(op, data, *, reduce_op, reduce_res, bias=None, scale=1.0, 
                       reduce_res=reduce_res, mask=mask, dtype=dtype)
 
 
+@into_target
 def reciprocal(data, *, dtype=None, mask=None, engine=engine.unknown, **kwargs):
     run = context.current()
     x = _tile(data, "reciprocal", "data")
@@ -518,6 +526,7 @@ def iota(expr, dtype, *, mask=None, **kwargs):
                        mask=_mask(mask, shape))
 
 
+@into_target
 def memset(shape, value, dtype, *, mask=None, engine=engine.unknown, **kwargs):
     """A tile filled with a constant (VectorE or GpSimd)."""
     run = context.current()

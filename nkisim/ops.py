@@ -19,6 +19,7 @@ import numpy as np
 from . import context, dtypes, tensor
 from .access import access_pattern, vector_select  # noqa: F401 - Tensor.ap (register_ops)
 from .context import Loop as _Loop
+from .dstform import into_target
 from .dtypes import (  # noqa: F401 - re-exported as nl.float32 etc.
     bfloat16,
     bool_,
@@ -537,6 +538,26 @@ def _dma(dst: Tensor, src: Tensor, src_vals, api: str, run, mask=None, accumulat
                _dma_detail(dst, src, nbytes))
 
 
+def _load_into(dst: Tensor, src: Tensor, vals, run, spec, site) -> bool:
+    """``dst[...] = nl.load(src)`` without the result tile (``tensor.write_into`` for a load):
+    ``dst`` written, then the record the literal path leaves once the assignment has
+    retargeted it: the result tile's allocation effects, partitions, free size, bytes and
+    contiguous run (a fresh tile's whole partition row), ``dst`` as the written region. False
+    (nothing done) when writing ``dst`` raises (``tensor.write_checked``)."""
+    if not tensor.write_checked(dst, fit(vals, dst.shape, spec.shape), "dma_copy", run):
+        return False
+    tensor._unallocated_result(run, spec.buf.kind, site)
+    p = spec.shape[0]
+    nbytes = math.prod(spec.shape) * spec.dt.itemsize
+    row = builtins.max(1, builtins.min(spec.pbytes, _contig_bytes(src)))
+    run.record("dma_copy", DMA, (region(src),), (region(dst),), dtypes.name(dst.dtype), p,
+               math.prod(spec.phys_shape) // p,
+               {"bytes": nbytes, "src": src.root.buffer, "dst": spec.buf.kind,
+                "row_bytes": row, "rows": builtins.max(1, -(-nbytes // row))}, site)
+    return True
+
+
+@into_target
 def load(src, *, mask=None, dtype=None, **kwargs):
     """HBM -> a new SBUF tile (``dtype`` casts)."""
     run = context.current()
@@ -549,7 +570,28 @@ def load(src, *, mask=None, dtype=None, **kwargs):
     shape = src.shape if len(src.shape) >= 2 else (src.shape[0] if src.shape else 1, 1)
     if shape[0] > run.arch.pmax:
         raise nki_error("err_num_partition_exceed_arch_limit", n=shape[0], limit=run.arch.pmax)
-    t = allocate(shape, dtype or src.dtype, api="load")
+    dt = dtype or src.dtype
+    into = run.into
+    if into is not None:
+        run.into = None                 # (for this instruction's result only)
+        root = src.root
+        # `t[key] = nl.load(x[...])` (nkisim.dstform) straight into t[key], when reading the
+        # source can neither fail nor carry never-written values (a kernel input, read-only,
+        # a plain view): the read then touches nothing the allocation changes, so it may come
+        # before the allocation's effects
+        if DIRECT_RESULTS and mask is None and root.param and not root.mutable and \
+                src._oob is None and src._idx is None and run.taint is None:
+            spec = tensor.direct_spec(run, into, shape, dt, None)
+            if spec is not None:
+                site = context.caller_location()
+                vals = read(src, "load", run).reshape(shape)
+                if _load_into(into, src, vals, run, spec, site):
+                    return into
+                t = allocate(shape, dt, api="load", run=run, where=site)
+                _dma(t, src, vals, "load", run)
+                t._producer = run.trace.instrs[-1]
+                return t
+    t = allocate(shape, dt, api="load")
     vals = read(src, "load", run).reshape(shape)
     _dma(t, src, vals, "load", run, mask=_mask(mask, shape))
     t._producer = run.trace.instrs[-1]
@@ -607,6 +649,7 @@ def load_transpose2d(src, *, mask=None, dtype=None, **kwargs):
     return t
 
 
+@into_target
 def copy(src, *, mask=None, dtype=None, buffer=None, **kwargs):
     """SBUF/PSUM -> a new SBUF tile (e.g. PSUM evacuation with a cast)."""
     run = context.current()
@@ -798,7 +841,7 @@ def _make_binary(name):
         return _binary(name, x, y, dtype, mask)
     op.__name__ = op.__qualname__ = name
     op.__doc__ = f"Element-wise ``{name}`` of two tiles (or a tile and a scalar), ref §1.8."
-    return op
+    return into_target(op)
 
 
 add = _make_binary("add")
@@ -913,7 +956,7 @@ def _make_unary(name):
         return _unary(name, x, dtype, mask)
     op.__name__ = op.__qualname__ = name
     op.__doc__ = f"Element-wise ``{name}`` on ScalarE (ref §1.8)."
-    return op
+    return into_target(op)
 
 
 exp = _make_unary("exp")
@@ -1072,7 +1115,7 @@ def _make_reduce(name):
         return _reduce(name, x, axis, dtype, mask, keepdims)
     op.__name__ = op.__qualname__ = name
     op.__doc__ = f"``{name}`` over free axes on VectorE (ref §1.8)."
-    return op
+    return into_target(op)
 
 
 sum = _make_reduce("sum")  # noqa: A001

@@ -977,6 +977,8 @@ class Tensor:
         return tile[rest] if rest else tile
 
     def __setitem__(self, key, value):
+        if value is STORED:
+            return          # the op wrote self[key] itself (nkisim.dstform)
         # `dst[...] = nisa.op(...)` (a temporary) vs `dst[...] = t` (an existing tile): the
         # first retargets the instruction, the second is a copy (see assign)
         fresh = _TEMP_REFS is None or sys.getrefcount(value) <= _TEMP_REFS
@@ -2007,33 +2009,68 @@ def _unallocated_result(run, kind, site) -> None:
     memory.clock += 1
 
 
-def write_into(run, dst: Tensor, shape, dtype, buffer, vals, op, engine, reads, detail,
-               site):
-    """An instruction's result written straight into ``dst`` (the current face's
-    destination-passing ISA, ``nkisim.nki.isa._direct``): what ``ops.result_tile`` followed by
-    ``_into``/``assign(dst, result)`` do, without the result tile that ``assign`` discards
-    (issue 12: its allocation, write, region and release were a third of a ``tensor_tensor``'s
-    interpreter time). The same observable effects: the result tile's allocation id, the count
-    of its allocation site and its clock tick (as ``record_pending``), the write of ``dst`` with
-    the result's values cast to its dtype (the result tile has ``dst``'s dtype: one rounding
-    either way), one record whose written region is ``dst`` and whose shape is the result's.
-    Returns the Instr, or None (nothing done) where the literal path is needed: a result
-    shape this run has not allocated before (its allocation could fail), another dtype, or
-    a ``dst`` the result does not fit (the face then raises its error)."""
+class _Stored:
+    """What an op called as ``t[key] = op(...)`` returns when it wrote ``t[key]`` itself."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        return "<result already stored>"
+
+
+STORED = _Stored()
+
+
+def direct_spec(run, dst: Tensor, shape, dtype, buffer):
+    """The allocation spec of a result tile of (``shape``, ``dtype``, ``buffer``) that may go
+    straight into ``dst`` instead (``write_into``, ``ops.load``), or None where the literal
+    path is needed: a result shape this run has not allocated before (its allocation could
+    fail), another dtype, an HBM or block-list ``dst``, or one the result does not fit (the
+    assignment then raises its error)."""
     try:
         spec = run.alloc_specs.get((shape, dtype, id(buffer), False))
     except TypeError:
         return None
     if spec is None or spec.dt != dst.dtype or dst._slots is not None or \
-            dst.root.buffer == "hbm":
+            dst.root.buffer == "hbm" or not same_elements(dst.shape, spec.shape):
+        return None
+    return spec
+
+
+def write_checked(dst: Tensor, vals, api: str, run) -> bool:
+    """``write(dst, vals, api)``; False, with nothing written, when its checks refuse it (a
+    race, a tile out of scope, an out-of-bounds view): the caller takes the literal path, which
+    meets the same refusal where the literal path meets it."""
+    try:
+        write(dst, vals, api, run=run)
+    except Exception:       # noqa: BLE001 - raised again by the literal path, in its place
+        return False
+    return True
+
+
+def write_into(run, dst: Tensor, shape, dtype, buffer, vals, op, engine, reads, detail,
+               site):
+    """An instruction's result written straight into ``dst`` (the current face's
+    destination-passing ISA, ``nkisim.nki.isa._direct``, and Beta 1's ``dst[key] = op(...)``,
+    ``nkisim.dstform``): what ``ops.result_tile`` followed by ``_into``/``assign(dst, result)``
+    do, without the result tile that ``assign`` discards (issue 12: its allocation, write,
+    region and release were a third of a ``tensor_tensor``'s interpreter time). The same
+    observable effects: the result tile's allocation id, the count of its allocation site and
+    its clock tick (as ``record_pending``), the write of ``dst`` with the result's values cast
+    to its dtype (the result tile has ``dst``'s dtype: one rounding either way), one record
+    whose written region is ``dst`` and whose shape is the result's. Returns the Instr, or None
+    (nothing done) where ``direct_spec`` finds none or writing ``dst`` raises: the literal path
+    then records the instruction and raises that error when it writes ``dst`` (a refused write
+    changes nothing observable: the checks raise before the values land)."""
+    spec = direct_spec(run, dst, shape, dtype, buffer)
+    if spec is None:
         return None
     ds, rs = dst.shape, spec.shape
-    if not same_elements(ds, rs):
-        return None
-    _unallocated_result(run, spec.buf.kind, site)
     if getattr(vals, "shape", None) != rs:
         vals = np.broadcast_to(vals, rs)
-    write(dst, fit(vals, ds, rs), op, run=run)
+    if not write_checked(dst, fit(vals, ds, rs), op, run):
+        return None
+    _unallocated_result(run, spec.buf.kind, site)
     p = rs[0]
     return run.record(op, engine, read_regions(reads), (region(dst),), dtypes.name(dst.dtype),
                       p, math.prod(spec.phys_shape) // p, detail, site)

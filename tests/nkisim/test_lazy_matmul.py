@@ -11,12 +11,14 @@ tests also check that the path is taken where it should be, so they cannot pass 
 exercising it.
 """
 
+import builtins
 import warnings
 
 import numpy as np
 import pytest
 
-from nkisim import engines, runtime
+from nkisim import beta1 as nki
+from nkisim import dstform, engines, runtime
 from nkisim import nki as nki_face
 from nkisim import ops as ops_mod
 from nkisim import tensor as tensor_mod
@@ -527,3 +529,191 @@ def test_a_result_tile_made_on_the_same_line_keeps_its_buffer(monkeypatch):
     np.testing.assert_array_equal(out, np.stack([3 * X64, 3 * X64]))
     assert [i.op for i in runtime.last_run().trace.instrs][-3:] == \
         ["tensor_tensor", "tensor_copy", "dma_copy"]
+
+
+# ---------------------------------------------------------------------------------------------
+# `t[key] = op(...)`: the result written straight into t[key] (nkisim.dstform), compared with
+# the path that builds the result tile and retargets it (dstform.ENABLED off), as above
+
+def _same_stored(kernel, args, monkeypatch, checks="all", face=False):
+    """Run ``kernel`` on both paths; compare everything ``_same`` compares. Returns (outputs,
+    error, warnings, results written straight into their assignment's target). (Counted
+    through ``direct_spec``: a spy on ``Tensor.__setitem__`` would hold a reference to the
+    value, which makes the retargeting path take it for a named tile, and a spy around the
+    write would be the frame an error names.)"""
+    runs = []
+    for enabled in (True, False):
+        hits = []
+        with monkeypatch.context() as m:
+            m.setattr(dstform, "ENABLED", enabled)
+
+            def spy(*a, spec=tensor_mod.direct_spec, hits=hits):
+                found = spec(*a)
+                hits.append(found is not None)
+                return found
+            m.setattr(tensor_mod, "direct_spec", spy)
+            m.setenv("NKISIM_CHECKS", checks)
+            out, err, warned = _capture(
+                lambda: kernel(*args) if face else simulate_kernel(kernel, *args))
+        runs.append((out, err, warned, _digest(runtime.last_run()), hits.count(True)))
+    got, want = runs
+    if want[0] is None:
+        assert got[0] is None
+    else:
+        for g, w in zip(*(o if isinstance(o, tuple) else (o,) for o in (got[0], want[0]))):
+            np.testing.assert_array_equal(g, w)
+            assert g.dtype == w.dtype
+    assert got[1:4] == want[1:4]
+    assert want[4] == 0
+    return got[0], got[1], got[2], got[4]
+
+
+def _dst_kernel(dtype):
+    """Every op nkisim.dstform serves, as `t[key] = op(...)` with the key forms kernels use
+    (`...`, an int, slices with loop-index arithmetic, a tuple), in an affine loop (a result
+    shape's first instruction allocates its tile: the literal path), into tiles of ``dtype``."""
+    @nki.jit
+    def k(x, y, x4):
+        o = nl.ndarray((4, 128, 8, 64), dtype=dtype, buffer=nl.shared_hbm)
+        q = nl.ndarray((4, 128, 4, 16), dtype=nl.float32, buffer=nl.shared_hbm)
+        col = nl.load(y[:, 0:1])
+        for i in nl.affine_range(4):
+            xs = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+            xs[...] = nl.load(x[i])
+            ys = nl.ndarray((128, 2, 64), dtype=nl.float32, buffer=nl.sbuf)
+            ys[:, 1] = nl.load(y)
+            w = nl.ndarray((128, 8, 64), dtype=dtype, buffer=nl.sbuf)
+            w[:, 0, :] = nl.add(xs, ys[:, 1])
+            w[:, 1, 0:32] = nl.exp(xs[:, 0:32])
+            w[:, 1, 32:64] = nl.multiply(xs[:, i * 8:i * 8 + 32], 2.0)
+            w[:, 2, :] = nisa.tensor_tensor(xs, ys[:, 1], op=nl.subtract)
+            w[:, 3, :] = nisa.tensor_scalar(xs, nl.multiply, col, op1=nl.add, operand1=0.5)
+            w[:, 4, :] = nisa.activation(op=nl.exp, data=xs, scale=col)
+            w[:, 5, :] = nisa.reciprocal(ys[:, 1])
+            ps = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.psum)
+            ps[...] = nisa.tensor_copy(xs)
+            w[:, 6, :] = nl.copy(ps)
+            w[:, 7, 0:4] = nisa.tensor_reduce(nl.maximum, xs.reshape((128, 4, 16)), axis=2)
+            w[:, 7, 4:8] = nl.sum(xs.reshape((128, 4, 16)), axis=2)
+            w[:, 7, 8:64] = nisa.memset((128, 56), 1.0, dtype)
+            nl.store(o[i], value=w)
+            z = nl.ndarray((128, 4, 64), dtype=nl.float32, buffer=nl.sbuf)
+            z[:, :, 16:32] = nl.load(x4[i])     # (runs of 64 bytes, the result tile's 256)
+            nl.store(q[i], value=z[:, :, 16:32])
+        return o, q
+    return k
+
+
+X4 = RNG.random((4, 128, 64), dtype=np.float32)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("checks", ["all", "none"])
+def test_beta1_assigned_results_equal_the_retargeting_path(monkeypatch, dtype, checks):
+    (out, quarter), err, _, stored = _same_stored(_dst_kernel(getattr(nl, dtype)),
+                                                  (X4, Y64, X4.reshape(4, 128, 4, 16)),
+                                                  monkeypatch, checks)
+    assert err is None
+    np.testing.assert_array_equal(quarter, X4.reshape(4, 128, 4, 16))
+    # 16 assignments per iteration; the first iteration allocates each result shape (literal
+    # path); a bf16 w takes the fp32 results through the retargeting (a second rounding), so
+    # only the loads, the PSUM copy and the memset go straight there
+    assert stored >= (3 * 16 if dtype == "float32" else 3 * 5)
+    col = Y64[:, 0:1]
+    for i in range(4):
+        x = X4[i]
+        want = np.stack([x + Y64, np.concatenate([np.exp(x[:, :32]), 2 * x[:, i * 8:i * 8 + 32]],
+                                                 axis=1),
+                         x - Y64, x * col + 0.5, np.exp(x * col), 1 / Y64, x,
+                         np.concatenate([x.reshape(128, 4, 16).max(axis=2),
+                                         x.reshape(128, 4, 16).sum(axis=2),
+                                         np.ones((128, 56))], axis=1)], axis=1)
+        np.testing.assert_allclose(out[i].astype(np.float32), want,
+                                   rtol=1e-2 if dtype != "float32" else 1e-6)
+
+
+def test_handout_tiled_vector_add_loads_into_its_tiles(monkeypatch):
+    """The trn1 handout's tiled kernel (`a_tile[...] = nl.load(a_vec[m * ROW_CHUNK : ...])`)."""
+    from fixtures import handout
+    a, b = RNG.random(512, dtype=np.float32), RNG.random(512, dtype=np.float32)
+    for chunk in (1, 128):
+        kernel = handout.make_vector_add_tiled_trn1(chunk)
+        out, err, _, stored = _same_stored(kernel, (a, b), monkeypatch)
+        assert err is None and stored == 2 * (512 // chunk) - 1   # (the first allocates)
+        np.testing.assert_array_equal(out, a + b)
+
+
+def _odd_kernel(case):
+    @nki.jit
+    def k(x):
+        o = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        scratch = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.hbm)
+        for i in (nl.affine_range if case == "race" else nl.sequential_range)(2):
+            t[...] = nl.load(x)
+            if case == "race":      # both iterations write t: refused at the second load
+                pass
+            elif case == "next line":       # (the store's line is not the call's)
+                t[...] = \
+                    nl.add(t, t)
+            elif case == "out of bounds":
+                t[:, 32:96] = nl.load(x[:, 0:64])
+            elif case == "shape":
+                t[:, 0:32] = nl.add(t, t)
+            elif case == "mask":
+                t[...] = nl.add(t, t, mask=(nl.arange(128)[:, None] < 64))
+            elif case == "call in key":
+                t[:, builtins.min(i, 0):64] = nl.add(t, t)
+            elif case == "chained":
+                u = t[...] = nl.add(t, t)
+                t[...] = nl.add(u, t)
+            elif case == "unwritten source":   # a kernel HBM tensor never written: garbage
+                t[:, 0:32] = nl.load(scratch[:, 0:32])
+            elif case == "wider dtype":        # an fp32 tile of bf16 results: two roundings
+                t[...] = nl.add(t, t, dtype=nl.bfloat16)
+            else:
+                t[...] = nl.add(t, t)
+        nl.store(o, value=t)
+        return o
+    return k
+
+
+@pytest.mark.parametrize("case", ["out of bounds", "shape", "mask", "call in key", "chained",
+                                  "unwritten source", "wider dtype", "race", "next line",
+                                  "plain"])
+def test_beta1_assignment_errors_and_fallbacks_are_those_of_the_retargeting_path(monkeypatch,
+                                                                               case):
+    out, err, warned, stored = _same_stored(_odd_kernel(case), (X64,), monkeypatch)
+    if case in ("out of bounds", "shape"):
+        assert err is not None
+    elif case == "race":
+        assert err is not None and "iteration 1 ('dma_copy' at test_lazy_matmul.py" in err[1]
+    elif case == "unwritten source":   # a warning where the garbage reaches the output
+        assert err is None and any("never written" in w for _, w, _ in warned), warned
+    else:
+        assert err is None
+    if case in ("plain", "chained", "mask", "wider dtype"):
+        assert stored >= 1          # (the loop's first load, at least)
+    if case == "next line":
+        assert stored == 1          # the first load only
+    if case in ("plain", "next line"):
+        np.testing.assert_array_equal(out, 2 * X64)   # (each iteration loads x again)
+
+
+def test_current_face_assigned_results_equal_the_retargeting_path(monkeypatch):
+    nl_, nisa_ = nki_face.language, nki_face.isa
+
+    @nki_face.jit
+    def k(x):
+        xs = nl_.ndarray((128, 64), dtype=nl_.float32, buffer=nl_.sbuf)
+        nisa_.dma_copy(dst=xs, src=x)
+        t = nl_.ndarray((128, 2, 64), dtype=nl_.float32, buffer=nl_.sbuf)
+        for _ in nl_.sequential_range(3):
+            t[:, 0, :] = nl_.add(xs, xs)
+            t[:, 1, :] = nl_.exp(t[:, 0, :])
+        o = nl_.ndarray((128, 2, 64), dtype=nl_.float32, buffer=nl_.shared_hbm)
+        nisa_.dma_copy(dst=o, src=t)
+        return o
+    out, err, _, stored = _same_stored(k, (X64,), monkeypatch, face=True)
+    assert err is None and stored == 5         # (the first add allocates the result shape)
+    np.testing.assert_allclose(out[:, 1, :], np.exp(2 * X64), rtol=1e-6)

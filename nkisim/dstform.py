@@ -1,0 +1,253 @@
+"""``t[key] = op(...)``: the instruction's result written straight into ``t[key]`` (issue 12).
+
+Beta 1 returns every result as a new tile; ``t[key] = nl.load(...)`` (the handout's tiled vector
+add) or ``res[m] = nisa.tensor_tensor(...)`` then retargets the instruction to ``t[key]``
+(``tensor.assign``): nkisim built the result tile, wrote it, copied it into ``t[key]`` and
+discarded it. The current face's ``nisa.op(dst=...)`` already writes ``dst`` directly
+(``tensor.write_into``, ``nkisim.nki.isa._direct``); this module gives the Beta 1 form the same
+path. Measured on the handout's ROW_CHUNK=1 tiled kernel shape (two ``x[...] = nl.load(...)``
+per iteration): 267 us per iteration against 196 for the same loads spelled
+``nisa.dma_copy(dst=...)`` (tmp script, min of 5).
+
+An op decorated with :func:`into_target`, called by kernel code (not by nkisim itself), looks at
+its caller's bytecode: when the call's value goes straight into a ``STORE_SUBSCR`` whose target
+and key are plain loads, constants, slices, tuples and int arithmetic (the forms above, and
+``ot[:, co, r:r + nr, :] = ...``), it evaluates target and key itself (pure: names and int
+arithmetic only; anything else and the op runs as before) and hands ``target[key]`` to the op
+as ``run.into``. Where the op can write there directly (``ops.result_tile`` ->
+``tensor.write_into``, ``ops.load``) it returns :data:`tensor.STORED`, which
+``Tensor.__setitem__`` takes as done; otherwise it returns its result tile as before and the
+assignment retargets it. Both paths leave the same trace, errors, warnings, lifetimes and clock
+(tests/nkisim/test_dst_form.py runs kernels both ways and compares them).
+
+The analysis is cached per code object; a call site it does not recognise costs a dict lookup.
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import operator
+import sys
+
+from . import context
+from .errors import _PKG_DIR
+from .tensor import STORED, Tensor
+
+# False: every op builds its result tile and the assignment retargets it (tests compare both)
+ENABLED = True
+
+_BINOPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv,
+           "%": operator.mod,
+           # CPython 3.10's opcodes
+           "BINARY_ADD": operator.add, "BINARY_SUBTRACT": operator.sub,
+           "BINARY_MULTIPLY": operator.mul, "BINARY_FLOOR_DIVIDE": operator.floordiv,
+           "BINARY_MODULO": operator.mod}
+# the int methods an operator may call (an int subclass that overrides none is plain arithmetic)
+_METHODS = {operator.add: ("__add__", "__radd__"), operator.sub: ("__sub__", "__rsub__"),
+            operator.mul: ("__mul__", "__rmul__"),
+            operator.floordiv: ("__floordiv__", "__rfloordiv__"),
+            operator.mod: ("__mod__", "__rmod__"), operator.neg: ("__neg__", "__neg__")}
+_LOCAL = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_DEREF", "LOAD_CLASSDEREF")
+_SKIP = ("NOP", "EXTENDED_ARG", "CACHE")
+
+_SITES: dict = {}       # code object -> {f_lasti of a call: the steps of its store target}
+
+
+def _steps(ins, lines, i):
+    """The steps that compute (target, key) of the ``STORE_SUBSCR`` that stores the value of
+    call ``ins[i]``, when everything between them only pushes names, constants, slices, tuples
+    and arithmetic above that value, on the call's line; else None. (On another line, as in
+    ``t[...] = \\`` + newline + ``nl.load(x)``, the assignment's checks name the store's line,
+    which the op cannot name.)"""
+    steps = []
+    depth = 0                   # values above the call's
+    for j in range(i + 1, len(ins)):
+        x = ins[j]
+        if lines[j] != lines[i]:
+            return None
+        op = x.opname
+        if op in _SKIP:
+            continue
+        if op == "LOAD_CONST":
+            steps.append(("const", x.argval))
+            depth += 1
+        elif op in _LOCAL:
+            steps.append(("local", x.argval))
+            depth += 1
+        elif op == "LOAD_FAST_LOAD_FAST":            # (3.13)
+            steps += [("local", n) for n in x.argval]
+            depth += 2
+        elif op == "LOAD_NAME":
+            steps.append(("name", x.argval))
+            depth += 1
+        elif op == "LOAD_GLOBAL":
+            if sys.version_info >= (3, 11) and x.arg & 1:
+                return None                          # (pushes NULL first: a call follows)
+            steps.append(("global", x.argval))
+            depth += 1
+        elif op in ("BUILD_SLICE", "BUILD_TUPLE"):
+            n = x.arg
+            if depth < n:
+                return None
+            steps.append(("slice" if op == "BUILD_SLICE" else "tuple", n))
+            depth -= n - 1
+        elif op == "BINARY_OP" or op in _BINOPS:
+            fn = _BINOPS.get(x.argrepr if op == "BINARY_OP" else op)
+            if fn is None or depth < 2:
+                return None
+            steps.append(("binary", fn))
+            depth -= 1
+        elif op == "UNARY_NEGATIVE":
+            if depth < 1:
+                return None
+            steps.append(("unary", operator.neg))
+        elif op == "STORE_SUBSCR":                   # TOS1[TOS] = TOS2 (the call's value)
+            return tuple(steps) if depth == 2 else None
+        elif op == "STORE_SLICE":                    # (3.12+) TOS2[TOS1:TOS] = TOS3
+            return tuple(steps) + (("slice", 2),) if depth == 3 else None
+        else:
+            return None
+    return None
+
+
+def _analyse(code) -> dict:
+    """{f_lasti: steps} of the calls of ``code`` whose value a ``STORE_SUBSCR`` stores. While
+    the callee runs, ``f_lasti`` is the call's offset or, with inline caches (3.11, 3.12), its
+    last cache unit's: both are keys (as ``engines._iadd_calls``)."""
+    try:
+        ins = [i for i in dis.get_instructions(code) if i.opname != "CACHE"]
+    except Exception:           # noqa: BLE001 - an unusual code object: the general path
+        return {}
+    lines, line = [], None
+    for x in ins:               # each instruction's line (3.11+: positions; 3.10: line starts)
+        pos = getattr(x, "positions", None)
+        if pos is not None and pos.lineno is not None:
+            line = pos.lineno
+        elif x.starts_line is not None:
+            line = x.starts_line
+        lines.append(line)
+    sites = {}
+    for i, x in enumerate(ins[:-1]):
+        if x.opname.startswith("CALL"):
+            steps = _steps(ins, lines, i)
+            if steps is not None:
+                sites[x.offset] = sites[ins[i + 1].offset - 2] = steps
+    return sites
+
+
+def _plain_int(x) -> bool:
+    return type(x) is int or (isinstance(x, int) and type(x) is not bool)
+
+
+def _int_arith(fn, a, b) -> bool:
+    """``fn(a, b)`` is int arithmetic with no side effect (a loop index is an int subclass that
+    keeps int's arithmetic)."""
+    names = _METHODS[fn]
+    for x in (a, b):
+        t = type(x)
+        if t is int:
+            continue
+        if not isinstance(x, int) or t is bool or \
+                any(getattr(t, n) is not getattr(int, n) for n in names):
+            return False
+    return True
+
+
+def _key_ok(key) -> bool:
+    for k in key if type(key) is tuple else (key,):
+        if k is Ellipsis or _plain_int(k):
+            continue
+        if type(k) is slice and all(v is None or _plain_int(v)
+                                    for v in (k.start, k.stop, k.step)):
+            continue
+        return False
+    return True
+
+
+def target(frame):
+    """The view ``t[key]`` that the call ``frame`` is making stores its value into (``t`` an
+    on-chip tile, ``key`` ints, slices and ``...``), or None."""
+    code = frame.f_code
+    sites = _SITES.get(code)
+    if sites is None:
+        if len(_SITES) >= 4096:         # (kernels compiled anew, e.g. exec'd: bounded)
+            _SITES.clear()
+        sites = _SITES[code] = _analyse(code)
+    steps = sites.get(frame.f_lasti) if sites else None
+    if steps is None:
+        return None
+    stack = []
+    local = None
+    try:
+        for kind, arg in steps:
+            if kind == "const":
+                stack.append(arg)
+            elif kind == "local":
+                if local is None:
+                    local = frame.f_locals
+                stack.append(local[arg])
+            elif kind == "global":
+                g = frame.f_globals
+                stack.append(g[arg] if arg in g else frame.f_builtins[arg])
+            elif kind == "name":
+                if local is None:
+                    local = frame.f_locals
+                stack.append(local[arg] if arg in local else frame.f_globals[arg]
+                             if arg in frame.f_globals else frame.f_builtins[arg])
+            elif kind == "slice" or kind == "tuple":
+                items = stack[len(stack) - arg:]
+                del stack[len(stack) - arg:]
+                stack.append(slice(*items) if kind == "slice" else tuple(items))
+            elif kind == "binary":
+                b = stack.pop()
+                a = stack.pop()
+                if not _int_arith(arg, a, b):
+                    return None
+                stack.append(arg(a, b))
+            else:
+                a = stack.pop()
+                if not _int_arith(arg, a, 0):
+                    return None
+                stack.append(arg(a))
+    except (KeyError, ArithmeticError):     # (an unbound name: CPython raises it after the op)
+        return None
+    t, key = stack
+    if type(t) is not Tensor or t.root.buffer == "hbm" or not _key_ok(key):
+        return None
+    try:
+        return t[key]
+    except Exception:           # noqa: BLE001 - the assignment raises it, after the op as before
+        return None
+
+
+def into_target(fn=None, *, unless=()):
+    """Decorate a core op whose result ``ops.result_tile`` (or ``ops.load``) can write into
+    ``run.into``: called by kernel code as ``t[key] = op(...)``, it writes ``t[key]`` and returns
+    ``STORED`` when it can. ``unless``: keyword arguments that, when given, keep the general
+    path (``activation``'s ``reduce_res``: a second written region)."""
+    if fn is None:
+        return functools.partial(into_target, unless=unless)
+
+    @functools.wraps(fn)
+    def op(*args, **kwargs):
+        frame = sys._getframe(1)
+        if not ENABLED or frame.f_code.co_filename.startswith(_PKG_DIR) or \
+                any(kwargs.get(k) is not None for k in unless):
+            return fn(*args, **kwargs)
+        view = target(frame)
+        del frame
+        if view is None:
+            return fn(*args, **kwargs)
+        run = context.current()
+        if run.into is not None:
+            return fn(*args, **kwargs)
+        prev = view._producer
+        run.into = view
+        try:
+            res = fn(*args, **kwargs)
+        finally:
+            run.into = None
+            view._producer = prev       # (the instruction is the trace's; the view stays fresh)
+        return STORED if res is view else res
+    return op
