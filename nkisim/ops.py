@@ -580,7 +580,8 @@ def load(src, *, mask=None, dtype=None, **kwargs):
         # a plain view): the read then touches nothing the allocation changes, so it may come
         # before the allocation's effects
         if DIRECT_RESULTS and mask is None and root.param and not root.mutable and \
-                src._oob is None and src._idx is None and run.taint is None:
+                src._oob is None and src._idx is None and run.taint is None and \
+                not index_tiles(src) and not index_tiles(into):
             spec = tensor.direct_spec(run, into, shape, dt, None)
             if spec is not None:
                 site = context.caller_location()

@@ -643,9 +643,12 @@ def test_handout_tiled_vector_add_loads_into_its_tiles(monkeypatch):
         np.testing.assert_array_equal(out, a + b)
 
 
+ROWS = RNG.permutation(128)[:48].astype(np.int32).reshape(48, 1)
+
+
 def _odd_kernel(case):
     @nki.jit
-    def k(x):
+    def k(x, rows):
         o = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
         t = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
         scratch = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.hbm)
@@ -671,6 +674,10 @@ def _odd_kernel(case):
                 t[:, 0:32] = nl.load(scratch[:, 0:32])
             elif case == "wider dtype":        # an fp32 tile of bf16 results: two roundings
                 t[...] = nl.add(t, t, dtype=nl.bfloat16)
+            elif case == "indirect":           # rows gathered by an SBUF tile of indices
+                idx = nl.load(rows)
+                t[0:48, :] = nl.load(x[idx, nl.arange(64)[None, :]])
+                t[0:48, :] = nl.load(x[idx, nl.arange(64)[None, :]])
             else:
                 t[...] = nl.add(t, t)
         nl.store(o, value=t)
@@ -680,10 +687,10 @@ def _odd_kernel(case):
 
 @pytest.mark.parametrize("case", ["out of bounds", "shape", "mask", "call in key", "chained",
                                   "unwritten source", "wider dtype", "race", "next line",
-                                  "plain"])
+                                  "indirect", "plain"])
 def test_beta1_assignment_errors_and_fallbacks_are_those_of_the_retargeting_path(monkeypatch,
                                                                                case):
-    out, err, warned, stored = _same_stored(_odd_kernel(case), (X64,), monkeypatch)
+    out, err, warned, stored = _same_stored(_odd_kernel(case), (X64, ROWS), monkeypatch)
     if case in ("out of bounds", "shape"):
         assert err is not None
     elif case == "race":
@@ -696,6 +703,11 @@ def test_beta1_assignment_errors_and_fallbacks_are_those_of_the_retargeting_path
         assert stored >= 1          # (the loop's first load, at least)
     if case == "next line":
         assert stored == 1          # the first load only
+    if case == "indirect":
+        want = X64.copy()
+        want[:48] = X64[ROWS[:, 0]]
+        np.testing.assert_array_equal(out, want)
+        assert stored == 1          # (the plain loads: the first allocates; not the gathers)
     if case in ("plain", "next line"):
         np.testing.assert_array_equal(out, 2 * X64)   # (each iteration loads x again)
 
