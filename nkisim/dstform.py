@@ -165,15 +165,21 @@ def _key_ok(key) -> bool:
     return True
 
 
+def code_sites(cache: dict, code, analyse):
+    """``analyse(code)``, computed once per code object in ``cache`` (bounded: kernels compiled
+    anew, e.g. exec'd, do not grow it without end). Also ``engines._iadd_follows``'s cache."""
+    sites = cache.get(code)
+    if sites is None:
+        if len(cache) >= 4096:
+            cache.clear()
+        sites = cache[code] = analyse(code)
+    return sites
+
+
 def target(frame):
     """The view ``t[key]`` that the call ``frame`` is making stores its value into (``t`` an
     on-chip tile, ``key`` ints, slices and ``...``), or None."""
-    code = frame.f_code
-    sites = _SITES.get(code)
-    if sites is None:
-        if len(_SITES) >= 4096:         # (kernels compiled anew, e.g. exec'd: bounded)
-            _SITES.clear()
-        sites = _SITES[code] = _analyse(code)
+    sites = code_sites(_SITES, frame.f_code, _analyse)
     steps = sites.get(frame.f_lasti) if sites else None
     if steps is None:
         return None
@@ -242,12 +248,21 @@ def into_target(fn=None, *, unless=()):
         run = context.current()
         if run.into is not None:
             return fn(*args, **kwargs)
-        prev = view._producer
-        run.into = view
-        try:
-            res = fn(*args, **kwargs)
-        finally:
-            run.into = None
-            view._producer = prev       # (the instruction is the trace's; the view stays fresh)
+        res, _ = call_into(run, view, fn, args, kwargs)
         return STORED if res is view else res
     return op
+
+
+def call_into(run, dst, fn, args, kwargs):
+    """``fn(*args, **kwargs)`` with ``run.into = dst`` (the op's result goes straight into
+    ``dst`` if it can): (its result, which is ``dst`` when it did, and the record it made
+    writing ``dst``, else None). ``dst``'s own ``_producer`` is left as it was. Also the
+    current face's ``nki.isa._direct``."""
+    prev = dst._producer
+    run.into = dst
+    try:
+        res = fn(*args, **kwargs)
+    finally:
+        run.into = None
+        instr, dst._producer = dst._producer, prev      # (a record of dst's own, if any)
+    return res, instr if res is dst else None

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import context, dtypes, gemm
 from . import ops as nl  # the core's language operations (nl.* op codes, DMA helpers)
-from .dstform import into_target
+from .dstform import code_sites, into_target
 from .errors import nki_error, shape_str
 from .indexing import IndexExpr, MaskExpr
 from .ops import (
@@ -767,13 +767,7 @@ _IADD_CALLS: dict = {}      # code object -> offsets of its calls whose result `
 def _iadd_follows(frame) -> bool:
     """True when ``frame`` (nc_matmul's caller) is at a call whose result the next bytecode
     adds in place (``acc += nisa.nc_matmul(...)``): CPython runs nothing in between."""
-    code = frame.f_code
-    sites = _IADD_CALLS.get(code)
-    if sites is None:
-        if len(_IADD_CALLS) >= 4096:        # (kernels compiled anew, e.g. exec'd: bounded)
-            _IADD_CALLS.clear()
-        sites = _IADD_CALLS[code] = _iadd_calls(code)
-    return frame.f_lasti in sites
+    return frame.f_lasti in code_sites(_IADD_CALLS, frame.f_code, _iadd_calls)
 
 
 def _iadd_calls(code) -> frozenset:

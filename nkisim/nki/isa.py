@@ -29,6 +29,7 @@ from .. import engines as _core
 from .. import gather as _gather
 from .. import ops as _ops
 from .. import registers as _registers
+from ..dstform import call_into
 from ..errors import nki_error, shape_str
 from ..memory import TOUCHED
 from ..tensor import (
@@ -342,14 +343,7 @@ def _direct(dst, api, name, core, *args, **kwargs):
     ``ops.result_tile`` makes, untouched) with its result written straight into ``dst``
     (``tensor.write_into``: no result tile, issue 12), or through ``_into`` when the result
     cannot go there directly (the literal path decides: same trace, same errors)."""
-    run = context.current()
-    prev = dst._producer
-    run.into = dst
-    try:
-        res = core(*args, **kwargs)
-    finally:
-        run.into = None
-        instr, dst._producer = dst._producer, prev      # (a record of dst's own, if any)
+    res, instr = call_into(context.current(), dst, core, args, kwargs)
     if res is dst:
         return _handle(instr, name)
     return _into(dst, res, api, name)

@@ -364,31 +364,42 @@ def test_operand_tiles_die_in_the_same_order(monkeypatch):
 # (nkisim.tensor.write_into), compared with the path that builds the result tile and copies it
 # (ops.DIRECT_RESULTS off), as above
 
-def _same_direct(kernel, args, monkeypatch, checks="all"):
-    """Run ``kernel`` on both paths; compare everything ``_same`` compares. Returns (outputs,
-    error, warnings, results written straight into their dst)."""
+def _both_ways(call, monkeypatch, checks, switch, counted):
+    """Run ``call()`` with the flag ``switch`` (module, name) on, then off, counting the calls
+    of ``counted`` (module, name) that return something (the direct path taken); compare
+    everything ``_same`` compares. Returns (outputs, error, warnings, that count)."""
     runs = []
-    for direct in (True, False):
+    real = getattr(*counted)
+    for on in (True, False):
         hits = []
         with monkeypatch.context() as m:
-            m.setattr(ops_mod, "DIRECT_RESULTS", direct)
-            def spy(*a, into=tensor_mod.write_into, hits=hits):
-                instr = into(*a)
-                hits.append(instr is not None)
-                return instr
-            m.setattr(tensor_mod, "write_into", spy)
+            m.setattr(*switch, on)
+
+            def spy(*a, fn=real, hits=hits):
+                found = fn(*a)
+                hits.append(found is not None)
+                return found
+            m.setattr(*counted, spy)
             m.setenv("NKISIM_CHECKS", checks)
-            out, err, warned = _capture(lambda: kernel(*args))
+            out, err, warned = _capture(call)
         runs.append((out, err, warned, _digest(runtime.last_run()), hits.count(True)))
     got, want = runs
     if want[0] is None:
         assert got[0] is None
     else:
-        np.testing.assert_array_equal(got[0], want[0])
-        assert got[0].dtype == want[0].dtype
+        for g, w in zip(*(o if isinstance(o, tuple) else (o,) for o in (got[0], want[0]))):
+            np.testing.assert_array_equal(g, w)
+            assert g.dtype == w.dtype
     assert got[1:4] == want[1:4]
     assert want[4] == 0
     return got[0], got[1], got[2], got[4]
+
+
+def _same_direct(kernel, args, monkeypatch, checks="all"):
+    """The current face's ISA both ways (``ops.DIRECT_RESULTS``), counting the results
+    ``write_into`` wrote."""
+    return _both_ways(lambda: kernel(*args), monkeypatch, checks,
+                      (ops_mod, "DIRECT_RESULTS"), (tensor_mod, "write_into"))
 
 
 def _isa_kernel(dtype, reduce=False):
@@ -536,36 +547,12 @@ def test_a_result_tile_made_on_the_same_line_keeps_its_buffer(monkeypatch):
 # the path that builds the result tile and retargets it (dstform.ENABLED off), as above
 
 def _same_stored(kernel, args, monkeypatch, checks="all", face=False):
-    """Run ``kernel`` on both paths; compare everything ``_same`` compares. Returns (outputs,
-    error, warnings, results written straight into their assignment's target). (Counted
-    through ``direct_spec``: a spy on ``Tensor.__setitem__`` would hold a reference to the
-    value, which makes the retargeting path take it for a named tile, and a spy around the
-    write would be the frame an error names.)"""
-    runs = []
-    for enabled in (True, False):
-        hits = []
-        with monkeypatch.context() as m:
-            m.setattr(dstform, "ENABLED", enabled)
-
-            def spy(*a, spec=tensor_mod.direct_spec, hits=hits):
-                found = spec(*a)
-                hits.append(found is not None)
-                return found
-            m.setattr(tensor_mod, "direct_spec", spy)
-            m.setenv("NKISIM_CHECKS", checks)
-            out, err, warned = _capture(
-                lambda: kernel(*args) if face else simulate_kernel(kernel, *args))
-        runs.append((out, err, warned, _digest(runtime.last_run()), hits.count(True)))
-    got, want = runs
-    if want[0] is None:
-        assert got[0] is None
-    else:
-        for g, w in zip(*(o if isinstance(o, tuple) else (o,) for o in (got[0], want[0]))):
-            np.testing.assert_array_equal(g, w)
-            assert g.dtype == w.dtype
-    assert got[1:4] == want[1:4]
-    assert want[4] == 0
-    return got[0], got[1], got[2], got[4]
+    """``t[key] = op(...)`` both ways (``dstform.ENABLED``), counting the results that went
+    straight into their target (through ``direct_spec``: a spy on ``Tensor.__setitem__`` would
+    hold a reference to the value, which makes the retargeting path take it for a named tile,
+    and a spy around the write would be the frame an error names)."""
+    return _both_ways(lambda: kernel(*args) if face else simulate_kernel(kernel, *args),
+                      monkeypatch, checks, (dstform, "ENABLED"), (tensor_mod, "direct_spec"))
 
 
 def _dst_kernel(dtype):
