@@ -11,10 +11,11 @@ per iteration): 267 us per iteration against 196 for the same loads spelled
 
 An op decorated with :func:`into_target`, called by kernel code (not by nkisim itself), looks at
 its caller's bytecode: when the call's value goes straight into a ``STORE_SUBSCR`` whose target
-and key are plain loads, constants, slices, tuples and int arithmetic (the forms above, and
-``ot[:, co, r:r + nr, :] = ...``), it evaluates target and key itself (pure: names and int
-arithmetic only; anything else and the op runs as before) and hands ``target[key]`` to the op
-as ``run.into``. Where the op can write there directly (``ops.result_tile`` ->
+and key are plain loads, constants, slices, tuples, int arithmetic and list items (the forms
+above, ``ot[:, co, r:r + nr, :] = ...``, ``tiles[k][...] = ...``), on the call's line, it
+evaluates target and key itself (pure: names, int arithmetic and list or tuple items only;
+anything else and the op runs as before) and hands ``target[key]`` to the op as
+``run.into``. Where the op can write there directly (``ops.result_tile`` ->
 ``tensor.write_into``, ``ops.load``) it returns :data:`tensor.STORED`, which
 ``Tensor.__setitem__`` takes as done; otherwise it returns its result tile as before and the
 assignment retargets it. Both paths leave the same trace, errors, warnings, lifetimes and clock
@@ -97,6 +98,11 @@ def _steps(ins, lines, i):
             if fn is None or depth < 2:
                 return None
             steps.append(("binary", fn))
+            depth -= 1
+        elif op == "BINARY_SUBSCR":                  # (`tiles[k][...] = ...`: a list's item)
+            if depth < 2:
+                return None
+            steps.append(("item", None))
             depth -= 1
         elif op == "UNARY_NEGATIVE":
             if depth < 1:
@@ -205,6 +211,12 @@ def target(frame):
                 items = stack[len(stack) - arg:]
                 del stack[len(stack) - arg:]
                 stack.append(slice(*items) if kind == "slice" else tuple(items))
+            elif kind == "item":
+                k = stack.pop()
+                seq = stack.pop()
+                if type(seq) not in (list, tuple) or not _plain_int(k):
+                    return None
+                stack.append(seq[k])
             elif kind == "binary":
                 b = stack.pop()
                 a = stack.pop()
@@ -216,7 +228,7 @@ def target(frame):
                 if not _int_arith(arg, a, 0):
                     return None
                 stack.append(arg(a))
-    except (KeyError, ArithmeticError):     # (an unbound name: CPython raises it after the op)
+    except (KeyError, IndexError, ArithmeticError):    # (CPython raises it, after the op)
         return None
     t, key = stack
     if type(t) is not Tensor or t.root.buffer == "hbm" or not _key_ok(key):

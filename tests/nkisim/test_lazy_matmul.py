@@ -661,6 +661,10 @@ def _odd_kernel(case):
                 t[:, 0:32] = nl.load(scratch[:, 0:32])
             elif case == "wider dtype":        # an fp32 tile of bf16 results: two roundings
                 t[...] = nl.add(t, t, dtype=nl.bfloat16)
+            elif case == "list of tiles":      # `tiles[k][...] = op(...)`
+                tiles = [t, nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)]
+                tiles[1][...] = nl.add(t, t)
+                tiles[i - i][:, 0:64] = nl.multiply(tiles[1], 0.5)
             elif case == "indirect":           # rows gathered by an SBUF tile of indices
                 idx = nl.load(rows)
                 t[0:48, :] = nl.load(x[idx, nl.arange(64)[None, :]])
@@ -674,7 +678,7 @@ def _odd_kernel(case):
 
 @pytest.mark.parametrize("case", ["out of bounds", "shape", "mask", "call in key", "chained",
                                   "unwritten source", "wider dtype", "race", "next line",
-                                  "indirect", "plain"])
+                                  "indirect", "list of tiles", "plain"])
 def test_beta1_assignment_errors_and_fallbacks_are_those_of_the_retargeting_path(monkeypatch,
                                                                                case):
     out, err, warned, stored = _same_stored(_odd_kernel(case), (X64, ROWS), monkeypatch)
@@ -688,6 +692,9 @@ def test_beta1_assignment_errors_and_fallbacks_are_those_of_the_retargeting_path
         assert err is None
     if case in ("plain", "chained", "mask", "wider dtype"):
         assert stored >= 1          # (the loop's first load, at least)
+    if case == "list of tiles":     # all but the first load and the first add (they allocate)
+        assert stored == 4
+        np.testing.assert_array_equal(out, X64)
     if case == "next line":
         assert stored == 1          # the first load only
     if case == "indirect":
@@ -716,3 +723,30 @@ def test_current_face_assigned_results_equal_the_retargeting_path(monkeypatch):
     out, err, _, stored = _same_stored(k, (X64,), monkeypatch, face=True)
     assert err is None and stored == 5         # (the first add allocates the result shape)
     np.testing.assert_allclose(out[:, 1, :], np.exp(2 * X64), rtol=1e-6)
+
+
+def test_a_target_found_through_user_code_is_left_to_python(monkeypatch):
+    """Only names, constants, int arithmetic and list/tuple items are evaluated ahead of the
+    store: a container's own __getitem__ (user code) runs once, when Python runs it."""
+    calls = []
+
+    class Bag:
+        def __init__(self, t):
+            self.t = t
+
+        def __getitem__(self, k):
+            calls.append(k)
+            return self.t
+
+    @nki.jit
+    def k(x):
+        o = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        bag = Bag(t)
+        for _ in nl.sequential_range(3):
+            bag[0][...] = nl.load(x)
+        nl.store(o, value=t)
+        return o
+    out, err, _, stored = _same_stored(k, (X64,), monkeypatch)
+    assert err is None and stored == 0 and len(calls) == 2 * 3
+    np.testing.assert_array_equal(out, X64)
