@@ -120,7 +120,10 @@ def _steps(ins, lines, i):
 def _analyse(code) -> dict:
     """{f_lasti: steps} of the calls of ``code`` whose value a ``STORE_SUBSCR`` stores. While
     the callee runs, ``f_lasti`` is the call's offset or, with inline caches (3.11, 3.12), its
-    last cache unit's: both are keys (as ``engines._iadd_calls``)."""
+    last cache unit's: both are keys (as ``engines._iadd_calls``). None for nkisim's own code
+    (an op nkisim calls for itself builds its result as always)."""
+    if code.co_filename.startswith(_PKG_DIR):
+        return {}
     try:
         ins = [i for i in dis.get_instructions(code) if i.opname != "CACHE"]
     except Exception:           # noqa: BLE001 - an unusual code object: the general path
@@ -187,8 +190,11 @@ def target(frame):
     on-chip tile, ``key`` ints, slices and ``...``), or None."""
     sites = code_sites(_SITES, frame.f_code, _analyse)
     steps = sites.get(frame.f_lasti) if sites else None
-    if steps is None:
-        return None
+    return None if steps is None else _evaluate(frame, steps)
+
+
+def _evaluate(frame, steps):
+    """``target``'s view, from the call site's ``steps``."""
     stack = []
     local = None
     try:
@@ -249,11 +255,16 @@ def into_target(fn=None, *, unless=()):
 
     @functools.wraps(fn)
     def op(*args, **kwargs):
+        # (every call of the op pays for this: the common miss is two dict lookups)
         frame = sys._getframe(1)
-        if not ENABLED or frame.f_code.co_filename.startswith(_PKG_DIR) or \
-                any(kwargs.get(k) is not None for k in unless):
+        sites = _SITES.get(frame.f_code)
+        if sites is None:
+            sites = code_sites(_SITES, frame.f_code, _analyse)
+        steps = sites.get(frame.f_lasti) if sites else None
+        if steps is None or not ENABLED or \
+                (unless and any(kwargs.get(k) is not None for k in unless)):
             return fn(*args, **kwargs)
-        view = target(frame)
+        view = _evaluate(frame, steps)
         del frame
         if view is None:
             return fn(*args, **kwargs)
