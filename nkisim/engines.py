@@ -767,7 +767,10 @@ _IADD_CALLS: dict = {}      # code object -> offsets of its calls whose result `
 def _iadd_follows(frame) -> bool:
     """True when ``frame`` (nc_matmul's caller) is at a call whose result the next bytecode
     adds in place (``acc += nisa.nc_matmul(...)``): CPython runs nothing in between."""
-    return frame.f_lasti in code_sites(_IADD_CALLS, frame.f_code, _iadd_calls)
+    sites = _IADD_CALLS.get(frame.f_code)
+    if sites is None:
+        sites = code_sites(_IADD_CALLS, frame.f_code, _iadd_calls)
+    return frame.f_lasti in sites
 
 
 def _iadd_calls(code) -> frozenset:
