@@ -1,5 +1,6 @@
 """Instruction results without their intermediate result tile (issue 12): ``acc +=
-nisa.nc_matmul(...)``, and the current face's destination-passing ISA (at the end of the file).
+nisa.nc_matmul(...)``, the current face's destination-passing ISA, and Beta 1's ``t[key] =
+op(...)`` (nkisim.dstform; the last two at the end of the file).
 
 ``nc_matmul`` returns a ``PendingMatmul`` when its caller's next bytecode is ``+=``; ``inplace``
 adds it without building the result tile (nkisim.tensor, "acc += nisa.nc_matmul(...) without the
