@@ -1971,6 +1971,8 @@ def materialize_pending() -> None:
         new.alloc = ref.alloc
         memory.live[t.root.id] = new
         del ref                 # (dropped before t: its callback never fires)
+    if _ARGS_DIE_LAST_FIRST:
+        del mv          # (then st, when this returns: see record_pending)
 
 
 _TENSOR_SLOTS = tuple(n for n in Tensor.__slots__ if n != "__weakref__")
@@ -2087,7 +2089,15 @@ def record_pending(t: Tensor):
     M = out.shape[0]
     instr = run.record("nc_matmul", TENSOR_ENGINE, (region(st), region(mv)), (region(t),),
                        "float32", M, out.size // M, detail, site)
+    if _ARGS_DIE_LAST_FIRST:
+        del mv          # (then st, when this returns: the order the call released them in)
     return instr, out
+
+
+# The order a finished call releases its arguments in, which the operand tiles' deaths (their
+# lifetimes' order in the trace) follow: CPython 3.10's call_function pops them off the stack,
+# the last first; 3.11+ release them first to last (as record_pending's locals are).
+_ARGS_DIE_LAST_FIRST = sys.version_info < (3, 11)
 
 
 def _accumulate_check(run, t: Tensor):
@@ -2119,7 +2129,7 @@ def _consume_pending(t: Tensor, p: PendingMatmul) -> bool:
         return False
     pend[5]["accumulate"] = True
     # (no reference to the tuple past record_pending: the operand tiles it holds die when
-    # record_pending returns, stationary first, as they did when nc_matmul returned)
+    # record_pending returns, in the order they did when nc_matmul returned)
     del pend
     instr, out = record_pending(t)
     fresh = None if t._ws is None else _accumulate_check(run, t)

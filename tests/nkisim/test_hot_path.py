@@ -333,12 +333,17 @@ def test_a_run_leaves_the_garbage_collector_as_it_found_it():
         return out
 
     a = np.ones((128, 8), dtype=np.float32)
-    assert gc.get_freeze_count() == 0
+    before = gc.get_freeze_count()
     nki.simulate_kernel(kernel, a, False)
     with pytest.raises(RuntimeError, match="kernel bug"):
         nki.simulate_kernel(kernel, a, True)
-    assert seen[0] > 0 and seen[1] > 0
-    assert gc.get_freeze_count() == 0
+    if before == 0:
+        assert seen[0] > 0 and seen[1] > 0
+    else:
+        # objects the host froze itself (CPython 3.12.1 starts with 375 frozen): gc.unfreeze()
+        # would thaw them too, so the run leaves the collector alone
+        assert seen == [before, before]
+    assert gc.get_freeze_count() == before
 
 
 def test_blas_runs_single_threaded_while_simulating_and_is_restored():
