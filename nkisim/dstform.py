@@ -55,7 +55,7 @@ _METHODS = {operator.add: ("__add__", "__radd__"), operator.sub: ("__sub__", "__
 _LOCAL = ("LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_DEREF", "LOAD_CLASSDEREF")
 _SKIP = ("NOP", "EXTENDED_ARG", "CACHE")
 
-_SITES: dict = {}       # code object -> {f_lasti of a call: the steps of its store target}
+_SITES: dict = {}       # code object -> {f_lasti of a call: (its store target's steps, names)}
 
 
 def _steps(ins, lines, i):
@@ -120,11 +120,41 @@ def _steps(ins, lines, i):
     return None
 
 
+def _assigned_calls(code) -> dict:
+    """{line: names} of the calls that are the whole value of a ``t[key] = name(...)`` or
+    ``t[key] = obj.name(...)`` statement in ``code``'s source (the line the call starts on).
+    While an op runs, its caller's frame says which call instruction is running, not which
+    function that call called: ``t[...] = functools.reduce(nl.add, tiles)`` runs ``nl.add``
+    from C at the call of ``reduce``, whose value is stored. The op's name must be the
+    callee's. {} without the source (nothing is written straight into a target then)."""
+    import ast
+    import inspect
+    import textwrap
+    try:
+        lines, start = inspect.getsourcelines(code)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError, ValueError):
+        return {}
+    shift = start - 1 if start > 0 else 0           # (a module's code: start 0, line 1 first)
+    found: dict = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and \
+                isinstance(node.targets[0], ast.Subscript) and isinstance(node.value, ast.Call):
+            f = node.value.func
+            name = f.attr if isinstance(f, ast.Attribute) else \
+                f.id if isinstance(f, ast.Name) else None
+            if name is not None:
+                found.setdefault(node.value.lineno + shift, set()).add(name)
+    return found
+
+
 def _analyse(code) -> dict:
-    """{f_lasti: steps} of the calls of ``code`` whose value a ``STORE_SUBSCR`` stores. While
-    the callee runs, ``f_lasti`` is the call's offset or, with inline caches (3.11, 3.12), its
-    last cache unit's: both are keys (as ``engines._iadd_calls``). Nothing for nkisim's own
-    code (an op nkisim calls for itself builds its result as always)."""
+    """{f_lasti: (steps, names)} of the calls of ``code`` whose value a ``STORE_SUBSCR``
+    stores, ``names`` the callee names such statements have on the call's line
+    (``_assigned_calls``). While the callee runs, ``f_lasti`` is the call's offset or, with
+    inline caches (3.11, 3.12), its last cache unit's: both are keys (as
+    ``engines._iadd_calls``). Nothing for nkisim's own code (an op nkisim calls for itself
+    builds its result as always)."""
     if code.co_filename.startswith(_PKG_DIR):
         return {}
     try:
@@ -140,11 +170,16 @@ def _analyse(code) -> dict:
             line = x.starts_line
         lines.append(line)
     sites = {}
+    assigned = None
     for i, x in enumerate(ins[:-1]):
         if x.opname.startswith("CALL"):
             steps = _steps(ins, lines, i)
             if steps is not None:
-                sites[x.offset] = sites[ins[i + 1].offset - 2] = steps
+                if assigned is None:
+                    assigned = _assigned_calls(code)
+                names = assigned.get(lines[i])
+                if names:
+                    sites[x.offset] = sites[ins[i + 1].offset - 2] = (steps, frozenset(names))
     return sites
 
 
@@ -248,6 +283,7 @@ def into_target(fn=None, *, unless=()):
     path (``activation``'s ``reduce_res``: a second written region)."""
     if fn is None:
         return functools.partial(into_target, unless=unless)
+    name = fn.__name__
 
     @functools.wraps(fn)
     def op(*args, **kwargs):
@@ -256,11 +292,11 @@ def into_target(fn=None, *, unless=()):
         sites = _SITES.get(frame.f_code)
         if sites is None:
             sites = code_sites(_SITES, frame.f_code, _analyse)
-        steps = sites.get(frame.f_lasti) if sites else None
-        if steps is None or not ENABLED or \
+        site = sites.get(frame.f_lasti) if sites else None
+        if site is None or name not in site[1] or not ENABLED or \
                 (unless and any(kwargs.get(k) is not None for k in unless)):
             return fn(*args, **kwargs)
-        view = _evaluate(frame, steps)
+        view = _evaluate(frame, site[0])
         del frame
         if view is None:
             return fn(*args, **kwargs)

@@ -13,6 +13,7 @@ exercising it.
 """
 
 import builtins
+import functools
 import warnings
 
 import numpy as np
@@ -662,6 +663,10 @@ def _odd_kernel(case):
                 t[:, 0:32] = nl.load(scratch[:, 0:32])
             elif case == "wider dtype":        # an fp32 tile of bf16 results: two roundings
                 t[...] = nl.add(t, t, dtype=nl.bfloat16)
+            elif case == "reduce":     # nl.add run from C at the call whose value is stored
+                t[...] = functools.reduce(nl.add, [t, t, t])
+            elif case == "map":
+                t[...] = max(map(nl.exp, [t]), key=id)
             elif case == "list of tiles":      # `tiles[k][...] = op(...)`
                 tiles = [t, nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)]
                 tiles[1][...] = nl.add(t, t)
@@ -679,7 +684,7 @@ def _odd_kernel(case):
 
 @pytest.mark.parametrize("case", ["out of bounds", "shape", "mask", "call in key", "chained",
                                   "unwritten source", "wider dtype", "race", "next line",
-                                  "indirect", "list of tiles", "plain"])
+                                  "indirect", "list of tiles", "reduce", "map", "plain"])
 def test_beta1_assignment_errors_and_fallbacks_are_those_of_the_retargeting_path(monkeypatch,
                                                                                case):
     out, err, warned, stored = _same_stored(_odd_kernel(case), (X64, ROWS), monkeypatch)
@@ -693,6 +698,10 @@ def test_beta1_assignment_errors_and_fallbacks_are_those_of_the_retargeting_path
         assert err is None
     if case in ("plain", "chained", "mask", "wider dtype"):
         assert stored >= 1          # (the loop's first load, at least)
+    if case in ("reduce", "map"):   # the loads only: the op is not the stored call's callee
+        assert stored == 1
+        np.testing.assert_allclose(out, 3 * X64 if case == "reduce" else np.exp(X64),
+                                   rtol=1e-6)
     if case == "list of tiles":     # all but the first load and the first add (they allocate)
         assert stored == 4
         np.testing.assert_array_equal(out, X64)
