@@ -183,9 +183,10 @@ def result_tile(run, shape, dtype, vals, op, engine, reads, detail, buffer=sbuf,
 
     ``fresh``: ``vals`` was just computed by the op and nothing else references it, so it may
     become the tile's storage without a copy (``tensor.allocate(storage=)``). ``site``: the
-    kernel's (file, line), when the op has it. ``run.into`` (set by the current face's
-    ``nki.isa._direct``): the tile to write the result into instead, when it can go there
-    directly (``tensor.write_into``); that tile is returned then."""
+    kernel's (file, line), when the op has it. ``run.into`` (set by ``dstform.call_into``: the
+    current face's ``nki.isa._direct``, Beta 1's ``t[key] = op(...)``): the tile to write the
+    result into instead, when it can go there directly (``tensor.write_into``); that tile is
+    returned then."""
     if site is None:
         site = context.caller_location()       # (the op's caller's line: the kernel's)
     into = run.into
@@ -195,7 +196,7 @@ def result_tile(run, shape, dtype, vals, op, engine, reads, detail, buffer=sbuf,
             instr = tensor.write_into(run, into, shape, dtype, buffer, vals, op, engine, reads,
                                       detail, site)
             if instr is not None:
-                into._producer = instr         # (nkisim.nki.isa._direct restores it)
+                into._producer = instr         # (dstform.call_into restores it)
                 return into
     storage = vals if fresh and mask is None else None
     t = allocate(shape, dtype, buffer, name or "", None, op, mask is not None, storage, run,
@@ -468,9 +469,13 @@ class nc(int):
 # ---------------------------------------------------------------------------------------------
 # memory ops (ref §1.7)
 
-def _dma_detail(dst: Tensor, src: Tensor, nbytes: int) -> dict:
-    row = builtins.max(1, builtins.min(_contig_bytes(dst), _contig_bytes(src)))
-    return {"bytes": nbytes, "src": src.root.buffer, "dst": dst.root.buffer,
+def _dma_detail(dst: Tensor, src: Tensor, nbytes: int, dst_run=None, dst_buffer=None) -> dict:
+    """A DMA record's detail. ``dst_run``, ``dst_buffer``: the destination's contiguous run and
+    buffer when the record describes another destination than ``dst`` (``_load_into``)."""
+    if dst_run is None:
+        dst_run, dst_buffer = _contig_bytes(dst), dst.root.buffer
+    row = builtins.max(1, builtins.min(dst_run, _contig_bytes(src)))
+    return {"bytes": nbytes, "src": src.root.buffer, "dst": dst_buffer,
             "row_bytes": row, "rows": builtins.max(1, -(-nbytes // row))}
 
 
@@ -549,11 +554,9 @@ def _load_into(dst: Tensor, src: Tensor, vals, run, spec, site) -> bool:
     tensor._unallocated_result(run, spec.buf.kind, site)
     p = spec.shape[0]
     nbytes = math.prod(spec.shape) * spec.dt.itemsize
-    row = builtins.max(1, builtins.min(spec.pbytes, _contig_bytes(src)))
     run.record("dma_copy", DMA, (region(src),), (region(dst),), dtypes.name(dst.dtype), p,
                math.prod(spec.phys_shape) // p,
-               {"bytes": nbytes, "src": src.root.buffer, "dst": spec.buf.kind,
-                "row_bytes": row, "rows": builtins.max(1, -(-nbytes // row))}, site)
+               _dma_detail(dst, src, nbytes, spec.pbytes, spec.buf.kind), site)
     return True
 
 
@@ -572,28 +575,26 @@ def load(src, *, mask=None, dtype=None, **kwargs):
         raise nki_error("err_num_partition_exceed_arch_limit", n=shape[0], limit=run.arch.pmax)
     dt = dtype or src.dtype
     into = run.into
+    vals = None
     if into is not None:
         run.into = None                 # (for this instruction's result only)
         root = src.root
         # `t[key] = nl.load(x[...])` (nkisim.dstform) straight into t[key], when reading the
         # source can neither fail nor carry never-written values (a kernel input, read-only,
         # a plain view): the read then touches nothing the allocation changes, so it may come
-        # before the allocation's effects
+        # before the allocation's effects (and before the result tile's, when the write into
+        # t[key] is refused and the tile is made after all)
         if DIRECT_RESULTS and mask is None and root.param and not root.mutable and \
                 src._oob is None and src._idx is None and run.taint is None and \
                 not index_tiles(src) and not index_tiles(into):
             spec = tensor.direct_spec(run, into, shape, dt, None)
             if spec is not None:
-                site = context.caller_location()
                 vals = read(src, "load", run).reshape(shape)
-                if _load_into(into, src, vals, run, spec, site):
+                if _load_into(into, src, vals, run, spec, context.caller_location()):
                     return into
-                t = allocate(shape, dt, api="load", run=run, where=site)
-                _dma(t, src, vals, "load", run)
-                t._producer = run.trace.instrs[-1]
-                return t
     t = allocate(shape, dt, api="load")
-    vals = read(src, "load", run).reshape(shape)
+    if vals is None:
+        vals = read(src, "load", run).reshape(shape)
     _dma(t, src, vals, "load", run, mask=_mask(mask, shape))
     t._producer = run.trace.instrs[-1]
     return t
