@@ -199,6 +199,29 @@ def lazy_view(t):
     return w
 
 
+def garbage_view(t, create: bool = False):
+    """Which elements of view ``t`` (before its advanced index, as ``t._w``) were written with
+    values computed from never-written ones (``nkisim.tensor._apply_taint``): for every check
+    they are never-written (epoch 0) like the elements no instruction wrote, and only the
+    matmul accumulation tells them apart (a PSUM location an earlier matmul of the group wrote
+    garbage into is not a fresh one). A bool view of ``root.garbage`` (the tile storage's
+    shape, made by the first ``create``) at the view's place, as ``lazy_view`` finds it; None
+    when nothing was marked, or for a tile without that storage (an HBM tensor). An element
+    written again keeps its mark, but its epoch is no longer 0: marks only count where the
+    epoch is 0, and an element gets epoch 0 back only by being marked again."""
+    root = t.root
+    g = root.garbage
+    if g is None:
+        if not create or root.store is None:
+            return None
+        g = root.garbage = np.zeros(root.store.shape, np.bool_)
+    arr = t._arr
+    item = arr.itemsize
+    off = arr.__array_interface__["data"][0] - root.store.__array_interface__["data"][0]
+    return np.ndarray(arr.shape, np.bool_, buffer=g, offset=off // item,
+                      strides=tuple(st // item for st in arr.strides))
+
+
 # ---------------------------------------------------------------------------------------------
 # box shadows
 #

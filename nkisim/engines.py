@@ -33,7 +33,16 @@ from .ops import (
     reduced_shape,
     result_tile,
 )
-from .tensor import PENDING, PendingMatmul, Tensor, fit, materialize_pending, read, region
+from .tensor import (
+    PENDING,
+    PendingMatmul,
+    Tensor,
+    fit,
+    materialize_pending,
+    read,
+    reduction_taint,
+    region,
+)
 from .trace import DMA, GPSIMD, SCALAR, TENSOR, VECTOR
 
 F32 = dtypes.F32
@@ -411,6 +420,7 @@ def tensor_reduce(op, data, axis, *, mask=None, dtype=None, negate=False, keepdi
     if not bitvec:
         v = dtypes.to_f32(v)
     shape = reduced_shape(_tile_shape(x), axes, keepdims)
+    reduction_taint(run, v.shape, axes, shape)
     in_mask, out_mask = reduce_masks(mask, v.shape, axes, shape)
     out = reduce_values(name, v, axes, keepdims, where=in_mask)
     if negate:

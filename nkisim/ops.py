@@ -52,6 +52,7 @@ from .tensor import (  # noqa: F401 - re-exported buffers
     private_hbm,
     psum,
     read,
+    reduction_taint,
     region,
     sbuf,
     shared_hbm,
@@ -1101,6 +1102,7 @@ def _reduce(name, x, axis, dtype, mask, keepdims):
     if name not in ("all",):
         v = dtypes.to_f32(v)
     shape = reduced_shape(_tile_shape(t), axes, keepdims)
+    reduction_taint(run, v.shape, axes, shape)
     in_mask, out_mask = reduce_masks(mask, v.shape, axes, shape)
     out = reduce_values(name, v, axes, keepdims, where=in_mask)
     out_dt = dtype or (np.dtype(np.float32) if name == "mean" and dtypes.is_int(t.dtype)
@@ -1163,6 +1165,7 @@ def softmax(x, axis, *, dtype=None, mask=None, **kwargs):
     t = _tile(x, "softmax", "x")
     axes = reduce_axes(t, axis, "softmax")
     v = _tile_vals(t, "softmax", run)
+    reduction_taint(run, v.shape, axes, v.shape)      # each value depends on its whole group
     e = np.exp(v - v.max(axis=axes, keepdims=True))
     out = e / e.sum(axis=axes, keepdims=True)
     return result_tile(run, v.shape, dtype or t.dtype, out, "activation", SCALAR, (t,),

@@ -111,7 +111,7 @@ class Allocation:
                  "mutable", "live", "pbytes", "banks", "loop", "file", "line", "direct",
                  "dtype", "shape", "epoch", "hi", "gen", "full", "uniform", "taint",
                  "adopted", "store", "buf", "base_off", "unpoisoned", "nparts", "rd", "pend",
-                 "span", "born", "boxes", "__weakref__")
+                 "span", "born", "boxes", "garbage", "__weakref__")
 
     # (the fields an SBUF/PSUM tile sets are parameters: each is set once, issue 12)
     def __init__(self, buffer, name, dtype, shape, id=0, file="", line=0, epoch=0, buf=None,
@@ -142,6 +142,7 @@ class Allocation:
         self.full = -1                # True once fully written, else `gen` of the last check
         self.uniform = None           # the epoch of every shadow element, when known
         self.taint = None             # the uninitialized read its never-written values came from
+        self.garbage = None           # its elements written with garbage (checks.garbage_view)
         self.adopted = False          # storage adopted from an instruction, not yet "written"
         self.store = None             # a lazy shadow's tile storage (see checks.LAZY)
         self.boxes = None             # a lazy shadow written in parts (checks.BoxShadow)
@@ -1390,6 +1391,30 @@ def elementwise_taint(run, src: Tensor) -> None:
     run.taint = (ElementTaint(np.ascontiguousarray(bad)), run.taint[1])
 
 
+def reduction_taint(run, in_shape: tuple, axes, out_shape: tuple) -> None:
+    """The current instruction reduces ``axes`` of its one operand (of ``in_shape``, as read):
+    exactly the result elements whose reduced group holds a never-written value are
+    never-written (of ``out_shape``: the reduced shape, with or without kept axes, or
+    ``in_shape`` itself for a result that spreads each group's value back over it, as softmax
+    does). A student's last band of an image loads only the rows that exist, max-pools the
+    whole band tile (``nl.max`` / ``nisa.tensor_reduce`` over pool windows, ref §1.8, §1.10:
+    free axes, so each result element reads its own group) and stores the pooled rows that
+    came from loaded rows with a mask; a per-partition taint would spoil every row."""
+    taint = run.taint
+    if taint is None or not isinstance(taint[0], ReadTaint):
+        return
+    elems = taint[0].elems
+    if elems is None or elems.size != math.prod(in_shape):
+        return
+    axes = tuple(axes)
+    bad = elems.reshape(in_shape).any(axis=axes, keepdims=True)
+    if math.prod(out_shape) == math.prod(in_shape):
+        bad = np.broadcast_to(bad, in_shape)
+    elif bad.size != math.prod(out_shape):
+        return
+    run.taint = (ElementTaint(np.ascontiguousarray(bad).reshape(out_shape)), taint[1])
+
+
 # instructions each of whose result elements is computed from the operand elements at the same
 # place (same partition, same index in the partition's free elements; a (P, 1) operand such as
 # tensor_scalar's or activation's bias broadcast along the free dimension): exactly the result
@@ -1477,11 +1502,16 @@ def _apply_taint(run, t: Tensor, api: str, mask) -> None:
         bad = np.broadcast_to(rows.reshape((-1,) + (1,) * (len(shape) - 1)), shape)
     if mask is not None:
         bad = bad & np.broadcast_to(mask, shape)
+    g = checks.garbage_view(t, create=True)
     if t._idx is None:
         t._w[bad] = 0
+        if g is not None:
+            g[bad] = True
     else:
         sel = tuple(np.broadcast_to(i, shape)[bad] for i in _full_idx(t._idx, t))
         t._w[sel] = 0
+        if g is not None:
+            g[sel] = True
     if t.root.buffer == "hbm":
         # garbage on the device: the poison (NaN for floats), so that a result compared
         # whole fails even where the garbage was computed into plausible numbers
@@ -2102,19 +2132,34 @@ _ARGS_DIE_LAST_FIRST = sys.version_info < (3, 11)
 
 def _accumulate_check(run, t: Tensor):
     """The read check of ``t += matmul`` (the associative accumulation is exempt from race
-    checks): the mask of ``t``'s never-written elements when it has any (they start the
-    accumulation: only the written ones are read), else None."""
+    checks): (the mask of ``t``'s never-written elements, which start the accumulation: only
+    the others are read; the mask of its elements computed from never-written values, which
+    stay so when more is added: ``taint_elements`` after the write), each None when empty."""
     root = t.root
     # every element written (the tensor's summaries, nkisim.checks): no scan
-    written = root.full is True or (root.uniform is not None and root.uniform > 0)
-    fresh = None if written else checks.shadow_view(t) == 0
-    if fresh is not None and fresh.any():
+    if root.full is True or (root.uniform is not None and root.uniform > 0):
+        checks.check_read(run, t, "nc_matmul (accumulate)", accumulate=True)
+        return None, None
+    unwritten = checks.shadow_view(t) == 0
+    if not unwritten.any():
+        checks.check_read(run, t, "nc_matmul (accumulate)", accumulate=True)
+        return None, None
+    # A partial sum computed from never-written SBUF (the rows a student's last band of an
+    # image did not load) is garbage on the device, not a fresh PSUM location: an earlier
+    # matmul of the group wrote it. Adding to it keeps it garbage; it neither starts the group
+    # nor breaks the nl.zeros rule (the tile was zeroed, then written with garbage).
+    fresh, garbage = unwritten, checks.garbage_view(t)
+    if garbage is not None:
+        garbage = unwritten & (garbage if t._idx is None else garbage[t._idx])
+        fresh = unwritten & ~garbage
+        garbage = garbage if garbage.any() else None
+    if not fresh.any():
+        fresh = None
+    else:
         _psum_ndarray_rule(run, t)
-        checks.check_read(run, _masked_shadow_view(t, ~fresh, run),
-                          "nc_matmul (accumulate)", accumulate=True)
-        return fresh
-    checks.check_read(run, t, "nc_matmul (accumulate)", accumulate=True)
-    return None
+    checks.check_read(run, _masked_shadow_view(t, ~unwritten, run),
+                      "nc_matmul (accumulate)", accumulate=True)
+    return fresh, garbage
 
 
 def _consume_pending(t: Tensor, p: PendingMatmul) -> bool:
@@ -2132,13 +2177,14 @@ def _consume_pending(t: Tensor, p: PendingMatmul) -> bool:
     # record_pending returns, in the order they did when nc_matmul returned)
     del pend
     instr, out = record_pending(t)
-    fresh = None if t._ws is None else _accumulate_check(run, t)
+    fresh, garbage = (None, None) if t._ws is None else _accumulate_check(run, t)
     if fresh is not None:
         acc = values(t).astype(np.float32) + out
         write(t, np.where(fresh, out, acc), "nc_matmul", accumulate=True, run=run)
-        _accumulated(run, t, instr)
-        return True
-    _add_into(run, t, out)
+    else:
+        _add_into(run, t, out)
+    if garbage is not None:
+        taint_elements(run, t, (garbage, t.root.taint))
     _accumulated(run, t, instr)
     return True
 
@@ -2211,7 +2257,7 @@ def inplace(t: Tensor, other, opname: str) -> Tensor:
                      "is rounded")
         if t._slots is not None:
             values(t)            # err_failed_to_infer_tile_from_local_tensor
-        fresh = None if t._ws is None else _accumulate_check(run, t)
+        fresh, garbage = (None, None) if t._ws is None else _accumulate_check(run, t)
         if other.root.unpoisoned is not None:
             poisoned(other.root)
         inc = other._arr if other._idx is None and other._slots is None and \
@@ -2221,6 +2267,8 @@ def inplace(t: Tensor, other, opname: str) -> Tensor:
             write(t, np.where(fresh, inc, acc), "nc_matmul", accumulate=True, run=run)
         else:
             _add_into(run, t, inc)
+        if garbage is not None:
+            taint_elements(run, t, (garbage, t.root.taint))
         if other._ws is not None and t._ws is not None and other.root.taint is not None:
             inherit_taint(t, other)
         instr.writes = (region(t),)
