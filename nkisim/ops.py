@@ -213,6 +213,8 @@ def result_tile(run, shape, dtype, vals, op, engine, reads, detail, buffer=sbuf,
         free = t._arr.size // p
     else:
         p, free = _partitions(t), _free(t)
+    if mask is not None and not mask.all():
+        p, free = _masked_extent(mask, p, free)
     t._producer = run.record(op, engine, regs, (region(t),), dtypes.name(t.dtype), p, free,
                              detail, site)
     return t
@@ -470,18 +472,23 @@ class nc(int):
 # ---------------------------------------------------------------------------------------------
 # memory ops (ref §1.7)
 
-def _dma_detail(dst: Tensor, src: Tensor, nbytes: int, dst_run=None, dst_buffer=None) -> dict:
+def _dma_detail(dst: Tensor, src: Tensor, nbytes: int, dst_run=None, dst_buffer=None,
+                mask=None) -> dict:
     """A DMA record's detail. ``dst_run``, ``dst_buffer``: the destination's contiguous run and
-    buffer when the record describes another destination than ``dst`` (``_load_into``)."""
+    buffer when the record describes another destination than ``dst`` (``_load_into``).
+    ``mask``: the instruction's mask (of ``dst``'s shape; ``nbytes`` counts only its elements),
+    whose masked-out elements are not moved, so they neither make nor break runs."""
     if dst_run is None:
-        dst_run, dst_buffer = _contig_bytes(dst), dst.root.buffer
-    row = builtins.max(1, builtins.min(dst_run, _contig_bytes(src)))
+        dst_run, dst_buffer = _contig_bytes(dst, mask), dst.root.buffer
+    row = builtins.max(1, builtins.min(dst_run, _contig_bytes(src, mask)))
     return {"bytes": nbytes, "src": src.root.buffer, "dst": dst_buffer,
             "row_bytes": row, "rows": builtins.max(1, -(-nbytes // row))}
 
 
-def _contig_bytes(t: Tensor) -> int:
+def _contig_bytes(t: Tensor, mask=None) -> int:
     a = t._arr
+    if a is not None and mask is not None and mask.size == t.size:
+        return _offsets_run(t, _offsets(t), mask)
     if a is not None and t._idx is not None:
         return _indexed_contig_bytes(t)
     if a is None:
@@ -504,25 +511,54 @@ def _indexed_contig_bytes(t: Tensor) -> int:
     ``i = nl.mgrid[...]``): the DMA moves each maximal run of consecutive addresses as one
     descriptor, however the kernel spelled the index (nkisim.cost: DMAs are costed by their
     contiguous runs)."""
+    return _offsets_run(t, _offsets(t))
+
+
+def _offsets(t: Tensor):
+    """The byte offset of each element of view ``t`` in its storage (``t``'s element order), or
+    None for an index form this does not understand."""
     a = t._arr
-    item = a.itemsize
     try:
+        if t._idx is None:
+            off = np.zeros((), dtype=np.int64)
+            for ax, (n, st) in enumerate(zip(a.shape, a.strides)):
+                off = off + (np.arange(n, dtype=np.int64) * st).reshape(
+                    (n,) + (1,) * (a.ndim - ax - 1))
+            return np.broadcast_to(off, a.shape)
         idx = [np.asarray(i, dtype=np.int64) for i in t._idx]
-        shp = np.broadcast_shapes(*(i.shape for i in idx))
-        off = np.zeros(shp, dtype=np.int64)
+        off = np.zeros(np.broadcast_shapes(*(i.shape for i in idx)), dtype=np.int64)
         for i, st in zip(idx, a.strides):
             off = off + i * st
-    except Exception:                      # an index form this does not understand
+        return off
+    except Exception:                      # noqa: BLE001 - an index form this does not know
+        return None
+
+
+def _offsets_run(t: Tensor, off, mask=None) -> int:
+    """Mean contiguous run (bytes) of the elements at byte offsets ``off`` (``_offsets``), of
+    those ``mask`` keeps: each maximal run of consecutive addresses along the last axis is one
+    descriptor; an SBUF run ends at its partition's end."""
+    item = t._arr.itemsize
+    if off is None or off.ndim == 0 or off.size <= 1:
         return item
-    if off.ndim == 0 or off.size <= 1:
-        return item
+    keep = None
+    if mask is not None and mask.size == off.size:
+        keep = np.asarray(mask).reshape(-1, off.shape[-1])
     off = off.reshape(-1, off.shape[-1])
     limit = t.root.row_bytes if t.root.buffer != "hbm" else None
     cont = np.diff(off, axis=1) == item
     if limit:                              # an SBUF run ends at its partition's end
         cont &= (off[:, 1:] // limit) == (off[:, :-1] // limit)
-    runs = off.shape[0] + int((~cont).sum())
-    return builtins.max(item, int(item * off.size // runs))
+    if keep is None:
+        runs, n = off.shape[0] + int((~cont).sum()), off.size
+    else:
+        # an element starts a run unless it continues the element before it, both moved
+        cont &= keep[:, 1:] & keep[:, :-1]
+        n = int(keep.sum())
+        runs = int(keep[:, 0].sum()) + int((keep[:, 1:] & ~cont).sum())
+        if not runs:
+            return item
+    return builtins.max(item, int(item * n // runs))
 
 
 def _dma(dst: Tensor, src: Tensor, src_vals, api: str, run, mask=None, accumulate_op=None):
@@ -536,12 +572,30 @@ def _dma(dst: Tensor, src: Tensor, src_vals, api: str, run, mask=None, accumulat
         cur = dtypes.to_f32(read(dst, api, run))
         src_vals = accumulate_op(cur, dtypes.to_f32(src_vals))
     write(dst, src_vals, api, run=run, mask=mask)
-    nbytes = dst.size * dst.dtype.itemsize
+    if mask is not None and mask.all():
+        mask = None
+    # a masked DMA moves only the elements its mask keeps (ref §1.12: the instruction "only
+    # processes" them): its bytes, and its runs, are theirs
+    nbytes = (dst.size if mask is None else int(np.count_nonzero(mask))) * dst.dtype.itemsize
     idx = tuple(region(i) for i in idx_tiles)   # indirect DMA
+    p, free = (_partitions(dst), _free(dst)) if dst.root.buffer != "hbm" else \
+        (_partitions(src), _free(src))
+    if mask is not None:
+        p, free = _masked_extent(mask, p, free)
     run.record("dma_copy", DMA, (region(src),) + idx, (region(dst),), dtypes.name(dst.dtype),
-               _partitions(dst) if dst.root.buffer != "hbm" else _partitions(src),
-               _free(dst) if dst.root.buffer != "hbm" else _free(src),
-               _dma_detail(dst, src, nbytes))
+               p, free, _dma_detail(dst, src, nbytes, mask=mask))
+
+
+def _masked_extent(mask, p: int, free: int) -> tuple:
+    """(partitions, free elements per partition) a masked instruction processes: the
+    partitions with an element the mask keeps, and the most such elements in one (ref §1.12,
+    "lowered into a hardware ISA instruction that only processes 64x256 elements" for the
+    mask ``(i_p < 64) & (i_f < 256)`` of a 128x512 tile). ``p``, ``free``: the unmasked ones,
+    kept when the mask's first axis is not the partition axis."""
+    if mask.ndim < 1 or mask.shape[0] != p or mask.size != p * free:
+        return p, free
+    per = np.count_nonzero(mask.reshape(p, -1), axis=1)
+    return builtins.max(1, int(np.count_nonzero(per))), builtins.max(1, int(per.max()))
 
 
 def _load_into(dst: Tensor, src: Tensor, vals, run, spec, site) -> bool:

@@ -502,3 +502,59 @@ def test_an_mgrid_indexed_dma_is_costed_by_its_contiguous_runs():
     np.testing.assert_array_equal(strided(a), a[:128, ::2])
     load_ins = next(i for i in last_run().trace.instrs if i.op == "dma_copy")
     assert load_ins.detail["row_bytes"] == 4 and load_ins.detail["rows"] == 128 * 256
+
+
+def test_a_masked_instruction_is_costed_by_the_elements_its_mask_keeps():
+    # ref §1.12: a masked instruction is "lowered into a hardware ISA instruction that only
+    # processes" the masked-in elements (64x256 of a 128x512 tile for (i_p < 64) & (i_f < 256)).
+    # A tail spelled as nl.arange(512) with mask=(i_f < 200) moves and adds what the slice
+    # [:, 0:200] does: the same DMA records (bytes, runs) and the same engine extents.
+    import neuronxcc.nki as nki
+    import neuronxcc.nki.language as nl
+
+    from nkisim.runtime import last_run
+
+    def make(kind):
+        @nki.jit
+        def k(a, b):
+            out = nl.ndarray((128, 200), dtype=a.dtype, buffer=nl.shared_hbm)
+            if kind == "slice":
+                s = nl.add(nl.load(a[:, 0:200]), nl.load(b[:, 0:200]))
+                nl.store(out[:, 0:200], value=s)
+            else:
+                i_p, i_f = nl.arange(128)[:, None], nl.arange(512)[None, :]
+                m = i_f < 200
+                s = nl.add(nl.load(a[i_p, i_f], mask=m), nl.load(b[i_p, i_f], mask=m), mask=m)
+                nl.store(out[i_p, i_f], value=s, mask=m)
+            return out
+        return k
+
+    a, b = (np.random.default_rng(3).random((128, 200), dtype=np.float32) for _ in range(2))
+    records = []
+    for kind in ("slice", "masked"):
+        np.testing.assert_array_equal(make(kind)(a, b), a + b)
+        records.append([(i.op, i.partitions, i.free,
+                         {k: i.detail.get(k) for k in ("bytes", "rows", "row_bytes")}
+                         if i.op == "dma_copy" else None)
+                        for i in last_run().trace.instrs])
+    assert records[0] == records[1]
+    assert records[1][0] == ("dma_copy", 128, 200,
+                             {"bytes": 128 * 800, "rows": 128, "row_bytes": 800})
+
+    @nki.jit
+    def corner(a):                       # the doc's mask: 64 partitions x 256 elements
+        out = nl.ndarray((128, 512), dtype=a.dtype, buffer=nl.shared_hbm)
+        i_p, i_f = nl.arange(128)[:, None], nl.arange(512)[None, :]
+        m = (i_p < 64) & (i_f < 256)
+        t = nl.load(a, mask=m)
+        nl.store(out, value=nl.exp(t, mask=m), mask=m)
+        return out
+
+    x = np.zeros((128, 512), np.float32)
+    with pytest.warns(Warning, match="partly written"):
+        corner(x)
+    ins = last_run().trace.instrs
+    assert [(i.op, i.partitions, i.free) for i in ins] == \
+        [("dma_copy", 64, 256), ("activation", 64, 256), ("dma_copy", 64, 256)]
+    # each partition's 256 elements are one 1 KiB run of the 2 KiB rows of `a`
+    assert ins[0].detail["bytes"] == 64 * 1024 and ins[0].detail["row_bytes"] == 1024
