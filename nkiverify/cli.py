@@ -687,7 +687,9 @@ def find_course_kernels(root: str) -> tuple[list[str], list[str]]:
             if func in defined:
                 refs.append(f"{registry.COURSE_FUNCTIONS[func]}={path}:{func}")
             else:
-                notes.append(f"{rel}: no {func} (skipped; trn1's part 1 has no transpose)")
+                why = " (skipped; the trn1 course's part 1 has no transpose)" \
+                    if func == "matrix_transpose" else " (skipped)"
+                notes.append(f"{rel}: no {func}{why}")
     if not refs:
         raise UsageError(f"DIR {root}: neither part1/kernels.py nor part2/conv2d.py defines a "
                          "course kernel; give the assignment checkout's top folder")

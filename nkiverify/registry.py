@@ -22,6 +22,7 @@ baseline -> ``nkiverify.compare.compare``.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import sys
 import time
@@ -793,6 +794,24 @@ class KernelReturnedNone(AssertionError):
     """The kernel returned nothing, so there is no output to check."""
 
 
+# The trn1 course's Part 1 runner reads a vector add's output as ``out.reshape(a.shape)``
+# before its np.allclose (asst4-trainium part1/vec_add.py; cs149-assignment §1 "vec_add.py
+# flow"), and its handout's direct-allocation kernel returns ``out.reshape((M, 1))``: on trn1
+# an output of the golden's size is judged in the golden's shape. The trn2 runner compares
+# ``np.allclose(out, a + b)`` as returned, so there a shape mismatch stays a failure.
+HARNESS_RESHAPES = {"trn1": frozenset({"vector_add"})}    # families
+
+
+def _as_harness_reads(spec: KernelSpec, backend, out, golden):
+    """``out`` as the course's harness for ``backend``'s target reads it (see above)."""
+    families = HARNESS_RESHAPES.get(getattr(backend, "target", None), ())
+    shape = getattr(golden, "shape", None)
+    if spec.family in families and shape is not None and getattr(out, "shape", shape) != shape \
+            and getattr(out, "size", None) == math.prod(shape):
+        return np.asarray(out).reshape(shape)
+    return out
+
+
 def run_case(spec: KernelSpec | str, params: dict, dtype, backend, *, seed: int = 0,
              dist: str = "uniform", k: float = 4.0) -> Outcome:
     """Make inputs, run the kernel on ``backend``, compare with the golden model."""
@@ -817,6 +836,7 @@ def run_case(spec: KernelSpec | str, params: dict, dtype, backend, *, seed: int 
             "(a missing `return out`?)")
     if case.expected is None:
         case.expected = Expected(spec, dtype, inputs)
+    out = _as_harness_reads(spec, backend, out, case.expected.golden)
     # The other dialect's kernel (or a repeated example) usually returns the same bits: the
     # comparison is a function of the output, the golden and k, so it is not redone (a B=4
     # 224x224 fp32 conv2d: 0.13 s of SHA-256 instead of a 1-2 s comparison; issue 12).

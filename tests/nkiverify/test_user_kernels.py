@@ -183,3 +183,45 @@ def test_a_registered_reduction_is_not_failed_by_the_default_baseline(tmp_path, 
         assert good.comparison.baseline_stats is None
     bad = registry.run_case("mm", {"k": k_total, "lowp": True}, "float32", backend)
     assert not bad.passed and "beyond tolerance" in bad.comparison.message()
+
+
+RETURNS_M_BY_1 = '''
+import neuronxcc.nki as nki
+import neuronxcc.nki.language as nl
+
+
+@nki.jit
+def vector_add_naive(a_vec, b_vec):
+    out = nl.ndarray((a_vec.shape[0], 1), dtype=a_vec.dtype, buffer=nl.shared_hbm)
+    a = nl.load(a_vec.reshape((a_vec.shape[0], 1)))
+    b = nl.load(b_vec.reshape((b_vec.shape[0], 1)))
+    nl.store(out, value=nl.add(a, b))
+    return out
+'''
+
+
+def test_an_m_by_1_vector_sum_is_read_as_each_courses_harness_reads_it(tmp_path):
+    """cs149-assignment §1: the trn1 runner (vec_add.py) checks ``out.reshape(a.shape)``, as its
+    direct-allocation kernel returns ``out.reshape((M, 1))``; the trn2 runner (run_benchmark.py)
+    checks ``np.allclose(out, a + b)`` as returned, so an (M, 1) output fails there."""
+    from nkiverify.backends import get_backend
+    path = tmp_path / "kernels.py"
+    path.write_text(RETURNS_M_BY_1)
+    spec = registry.spec_for(f"naive={path}:vector_add_naive")
+    on = {t: registry.run_case(spec, {"n": 128}, "float32", get_backend("nkisim", target=t))
+          for t in ("trn1", "trn2")}
+    assert on["trn1"].comparison.passed, on["trn1"].comparison.reasons
+    assert not on["trn2"].comparison.passed
+    assert "shape mismatch: kernel output (128, 1), golden (128,)" in \
+        on["trn2"].comparison.reasons[0]
+
+
+def test_course_notes_say_why_a_function_is_skipped(tmp_path):
+    (tmp_path / "part1").mkdir()
+    (tmp_path / "part1" / "kernels.py").write_text(RETURNS_M_BY_1)
+    refs, notes = cli.find_course_kernels(str(tmp_path))
+    assert refs == [f"naive={tmp_path / 'part1' / 'kernels.py'}:vector_add_naive"]
+    assert "part1/kernels.py: no vector_add_tiled (skipped)" in notes
+    assert "part1/kernels.py: no matrix_transpose (skipped; the trn1 course's part 1 has no " \
+        "transpose)" in notes
+    assert "part2/conv2d.py: not found (its kernels are skipped)" in notes
