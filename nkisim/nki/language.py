@@ -508,8 +508,9 @@ def _n_positional(fn) -> int:
 
 def _need(major, minor, name):
     if not _version.at_least(major, minor):
+        now = ".".join(map(str, _version.current()))
         raise AttributeError(f"module 'nki.language' has no attribute '{name}' (added in NKI "
-                             f"{major}.{minor}.0; NKISIM_NKI_VERSION={_version.current()})")
+                             f"{major}.{minor}.0; NKISIM_NKI_VERSION={now})")
 
 
 def ds(start, size):

@@ -485,7 +485,8 @@ def test_fori_loop_calls_the_body_in_order(monkeypatch):
     run(k, rand((1, 1)))
     assert seen == [2, 5, 8]
     monkeypatch.setenv("NKISIM_NKI_VERSION", "0.5")          # new in 0.6.0
-    with pytest.raises(AttributeError, match="fori_loop"):
+    with pytest.raises(AttributeError, match=r"fori_loop' \(added in NKI 0\.6\.0; "
+                                             r"NKISIM_NKI_VERSION=0\.5\)"):
         run(k, rand((1, 1)))
 
 
