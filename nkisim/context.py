@@ -129,6 +129,12 @@ class Rules:
     # fills it with one nc_matmul per 512-column slice, each inside one bank (a matmul still
     # writes one bank: nkisim_matmul_crosses_psum_bank).
     psum_tile_spans_banks: bool = False
+    # The NkiTensor view primitives (slice, select, permute, broadcast, expand_dim, squeeze_dim,
+    # reshape_dim, flatten_dims, rearrange, vector_select, is_contiguous, is_indirect) came
+    # with nki 0.5.0 (RN 2.31; nki-current §1's table). Beta 1's nki.tensor has shape, dtype,
+    # ndim, itemsize, reshape, view, astype, broadcast_to, expand_dims, assert_shape (reference
+    # §1, nki/api/nki/__init__.py class tensor): there they raise AttributeError.
+    view_primitives: bool = False
 
 
 BETA1 = Rules()

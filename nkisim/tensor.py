@@ -556,6 +556,30 @@ def register_ops(module) -> None:
     _ops = module
 
 
+def _view_primitive(fn):
+    """A NkiTensor view primitive of nki 0.5.0+ (``context.Rules.view_primitives``): an
+    AttributeError, as on the device, in a kernel of a dialect or version without it."""
+    name = fn.__name__
+
+    def method(self, *args, **kwargs):
+        run = context.maybe_current()
+        if run is not None and not run.rules.view_primitives:
+            rules = run.rules
+            if rules.dialect == "beta1":
+                why = ("a view primitive of the current nki package (0.5.0+); Beta 1's "
+                       "tensors have reshape, view, astype, broadcast_to and expand_dims")
+            else:
+                why = ("added in NKI 0.5.0; NKISIM_NKI_VERSION="
+                       + ".".join(map(str, rules.version)))
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}' "
+                                 f"({why})")
+        return fn(self, *args, **kwargs)
+
+    method.__name__ = method.__qualname__ = name
+    method.__doc__ = fn.__doc__
+    return method
+
+
 class Tensor:
     """An NKI tensor or a view of one (``nki.tensor`` in the real API)."""
 
@@ -692,6 +716,7 @@ class Tensor:
                                    indirect_dim, dtype)
 
     # --- 0.5.0 view primitives (RN 2.31: NkiTensor slice/select/permute/broadcast/...) ---
+    @_view_primitive
     def permute(self, dims):
         dims = tuple(int(d) for d in dims)
         if sorted(dims) != list(range(self.ndim)):
@@ -702,6 +727,7 @@ class Tensor:
                             why="the partition dimension of an SBUF/PSUM tensor stays first")
         return self._derive("permute", lambda a: a.transpose(dims))
 
+    @_view_primitive
     def broadcast(self, dim, size):
         dim = self._dim(dim, "broadcast")
         if self.shape[dim] != 1:
@@ -710,9 +736,11 @@ class Tensor:
         shape = self.shape[:dim] + (int(size),) + self.shape[dim + 1:]
         return self._derive("broadcast", lambda a: np.broadcast_to(a, shape))
 
+    @_view_primitive
     def expand_dim(self, dim):
         return self._derive("expand_dim", lambda a: np.expand_dims(a, int(dim)))
 
+    @_view_primitive
     def squeeze_dim(self, dim):
         dim = self._dim(dim, "squeeze_dim")
         if self.shape[dim] != 1:
@@ -720,11 +748,13 @@ class Tensor:
                             why=f"dimension {dim} has size {self.shape[dim]}, not 1")
         return self._derive("squeeze_dim", lambda a: a.squeeze(axis=dim))
 
+    @_view_primitive
     def slice(self, dim, start, end, step=1):
         dim = self._dim(dim, "slice")
         key = (slice(None),) * dim + (slice(int(start), int(end), int(step)),)
         return self._derive("slice", lambda a: a[key])
 
+    @_view_primitive
     def select(self, dim, index):
         dim = self._dim(dim, "select")
         i = int(index)
@@ -738,6 +768,7 @@ class Tensor:
         key = (slice(None),) * dim + (i,)
         return self._derive("select", lambda a: a[key])
 
+    @_view_primitive
     def reshape_dim(self, dim, shape):
         dim = self._dim(dim, "reshape_dim")
         shape = tuple(int(s) for s in shape)
@@ -754,6 +785,7 @@ class Tensor:
         new = self.shape[:dim] + shape + self.shape[dim + 1:]
         return self._derive("reshape_dim", lambda a: _view_reshape(a, new))
 
+    @_view_primitive
     def flatten_dims(self, start_dim, end_dim):
         a, b = self._dim(start_dim, "flatten_dims"), self._dim(end_dim, "flatten_dims")
         if self.paxis == 0 and a == 0 and b > 0:
@@ -762,6 +794,7 @@ class Tensor:
         new = self.shape[:a] + (math.prod(self.shape[a:b + 1]),) + self.shape[b + 1:]
         return self._derive("flatten_dims", lambda x: _view_reshape(x, new))
 
+    @_view_primitive
     def rearrange(self, src_pattern, dst_pattern, fixed_sizes=None):
         """einops-style ``t.rearrange(('b', ('h', 'w'), 'c'), ('b', 'c', 'h', 'w'), {'h': 32})``:
         split the grouped source dimensions (sizes from ``fixed_sizes``, one per group may be
@@ -799,17 +832,20 @@ class Tensor:
         return self._derive("rearrange", lambda a: _view_reshape(
             _view_reshape(a, tuple(split)).transpose(perm), merged))
 
+    @_view_primitive
     def vector_select(self, dim, vector_offset):
         """Dimension ``dim`` (0) indexed by a tile of per-row indices: row i of the view is
         row ``vector_offset[i]`` of this view's dimension 0 (an indirect view of an HBM
         tensor; a gather on read, a scatter on write)."""
         return _ops.vector_select(self, self._dim(dim, "vector_select"), vector_offset)
 
+    @_view_primitive
     def is_contiguous(self):
         if self._idx is not None or self._arr is None:
             return False
         return bool(self._arr.flags.c_contiguous)
 
+    @_view_primitive
     def is_indirect(self):
         return self._idx is not None
 

@@ -444,6 +444,35 @@ def test_view_primitives_match_numpy():
     np.testing.assert_array_equal(outs["expand_squeeze"], a)
 
 
+@pytest.mark.parametrize("method, args", [
+    ("permute", ((0, 1),)), ("slice", (1, 0, 2)), ("select", (1, 0)), ("broadcast", (1, 4)),
+    ("expand_dim", (1,)), ("squeeze_dim", (1,)), ("reshape_dim", (1, (1, 1))),
+    ("flatten_dims", (1, 1)), ("is_contiguous", ()), ("is_indirect", ())])
+def test_view_primitives_are_new_in_0_5(method, args, monkeypatch):
+    """nki-current §1: "NkiTensor view primitives (slice/select/permute/broadcast/...)" are new
+    in 0.5.0; reference §1: Beta 1's nki.tensor has none of them."""
+    from nkisim import beta1 as b1nki
+    from nkisim.beta1 import language as b1nl
+
+    def k(a):
+        t = nl.ndarray((128, 1), dtype=a.dtype, buffer=nl.sbuf)
+        getattr(t, method)(*args)
+        return a
+    run(k, rand((1, 1)))                                     # the default version
+    monkeypatch.setenv("NKISIM_NKI_VERSION", "0.4")
+    with pytest.raises(AttributeError, match=rf"no attribute '{method}' \(added in NKI "
+                                             r"0\.5\.0; NKISIM_NKI_VERSION=0\.4\)"):
+        run(k, rand((1, 1)))
+
+    @b1nki.jit
+    def beta1(a):
+        t = b1nl.ndarray((128, 1), dtype=a.dtype, buffer=b1nl.sbuf)
+        getattr(t, method)(*args)
+        return a
+    with pytest.raises(AttributeError, match=rf"no attribute '{method}' \(a view primitive"):
+        b1nki.simulate_kernel(beta1, rand((1, 1)))
+
+
 def test_partition_dim_stays_first():
     def k(a):
         t = nl.ndarray((128, 4), dtype=a.dtype, buffer=nl.sbuf)
