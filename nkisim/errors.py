@@ -191,6 +191,10 @@ ERRORS: dict[str, tuple[type[Exception], str]] = {
         "tolerates it; without strict mode this is a warning): {what}; the rule: \"{rule}\" "
         "({link})"),
     "nkisim_invalid_argument": (ValueError, "{api}: {why}"),
+    # a size, loop bound or index that is not an integer: Python's range and slicing and
+    # NumPy's shapes raise TypeError for a float (`M / 128` where `M // 128` was meant) or a
+    # tuple; nkisim used to truncate the float silently
+    "nkisim_not_an_integer": (TypeError, "{what} must be an integer, got {value!r}{hint}"),
     # the logical cores of an LNC 2 launch (nkisim.lnc, nkisim.collectives): a barrier or
     # sendrecv no other instance ever joins would hang the device
     "nkisim_lnc_deadlock": (

@@ -175,7 +175,9 @@ class DynSlice:
     __slots__ = ("start", "size", "step")
 
     def __init__(self, start, size, step=1):
-        self.start, self.size, self.step = int(start), int(size), int(step)
+        self.start = whole(start, "the start of nl.ds")
+        self.size = whole(size, "the size of nl.ds")
+        self.step = whole(step, "the step of nl.ds")
 
     def as_slice(self) -> slice:
         return slice(self.start, self.start + self.size * self.step, self.step)
@@ -191,7 +193,7 @@ class par_dim:
     __slots__ = ("size",)
 
     def __init__(self, size):
-        self.size = int(size)
+        self.size = whole(size, "nl.par_dim's size")
 
     def __int__(self):
         return self.size
@@ -201,6 +203,22 @@ class par_dim:
 
     def __repr__(self):
         return f"par_dim({self.size})"
+
+
+def whole(v, what: str) -> int:
+    """``int(v)`` for a size, loop bound, slice bound or index a kernel gave. A float with an
+    integral value (``M / 128`` that divides) passes: there is no evidence the front end
+    refuses it. A fractional float, or anything ``int()`` refuses (a tuple: `affine_range(
+    a.shape)`), is ``nkisim_not_an_integer`` (a TypeError, as Python's ``range`` raises)."""
+    if isinstance(v, (float, np.floating)):
+        if float(v).is_integer():
+            return int(v)
+        raise nki_error("nkisim_not_an_integer", what=what, value=float(v),
+                        hint=" (`/` divides to a float; `//` for an integer)")
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        raise nki_error("nkisim_not_an_integer", what=what, value=v, hint="") from None
 
 
 def split_shape(shape) -> tuple[tuple, int]:
@@ -218,8 +236,15 @@ def split_shape(shape) -> tuple[tuple, int]:
     for i, s in enumerate(shape):
         if isinstance(s, par_dim):
             paxis = i
-        out.append(int(s))
+        out.append(whole(s, f"dimension {i} of the shape {_shape_text(shape)}"))
     return tuple(out), paxis
+
+
+def _shape_text(shape) -> str:
+    try:
+        return "(" + ", ".join(repr(getattr(s, "size", s)) for s in shape) + ")"
+    except TypeError:
+        return repr(shape)
 
 
 class _SliceGrid(IndexExpr):
@@ -294,9 +319,9 @@ def normalize_key(key, shape, name, oob=None):
             if advanced:
                 raise nki_error("err_unsupported_mixing_basic_advanced_tensor_indexing")
             start, stop, step = k.start, k.stop, k.step
-            start = 0 if start is None else int(start)
-            stop = size if stop is None else int(stop)
-            step = 1 if step is None else int(step)
+            start = 0 if start is None else whole(start, f"the start of a slice of `{name}`")
+            stop = size if stop is None else whole(stop, f"the stop of a slice of `{name}`")
+            step = 1 if step is None else whole(step, f"the step of a slice of `{name}`")
             if step <= 0:
                 raise nki_error("nkisim_invalid_argument", api=f"indexing `{name}`",
                                 why="slice steps must be positive")

@@ -36,7 +36,7 @@ from .dtypes import (  # noqa: F401 - re-exported as nl.float32 etc.
     uint32,
 )
 from .errors import _PKG_DIR, nki_error, shape_str
-from .indexing import DynSlice, IndexExpr, MaskExpr, arange, ds, mgrid, par_dim  # noqa: F401
+from .indexing import DynSlice, IndexExpr, MaskExpr, arange, ds, mgrid, par_dim, whole  # noqa: F401
 from .indirect import (  # noqa: F401 - indirect_getitem: Tensor.__getitem__ (register_ops)
     dynamic_index,
     index_tiles,
@@ -324,12 +324,13 @@ def _loop(kind, args, make_index):
     (issue 12: a 3x3 conv2d starts a loop every two matmuls)."""
     run = context.current()
     if len(args) == 1:
-        r = range(int(args[0]))
+        r = range(whole(args[0], f"nl.{kind}_range's stop"))
     elif len(args) == 0 or len(args) > 3:
         raise nki_error("nkisim_invalid_argument", api=f"nl.{kind}_range",
                         why="expects (stop), (start, stop) or (start, stop, step)")
     else:
-        r = range(*[int(a) for a in args])
+        r = range(*[whole(a, f"nl.{kind}_range's {what}")
+                    for a, what in zip(args, ("start", "stop", "step"))])
     f = sys._getframe(1)            # (context.caller_location: the kernel's line)
     while f is not None and f.f_code.co_filename.startswith(_PKG_DIR):
         f = f.f_back

@@ -200,6 +200,47 @@ def test_store_destination_smaller_than_source():
 
 
 # ---------------------------------------------------------------------------------------------
+# sizes, bounds and indices that are not integers (`/` for `//`): Python's range, slicing and
+# NumPy shapes raise TypeError for them; nkisim used to truncate a float silently
+
+
+@pytest.mark.parametrize("body, text", [
+    (lambda a: nl.ndarray((128, 60 / 8), dtype=nl.float32),
+     "dimension 1 of the shape (128, 7.5) must be an integer, got 7.5"),
+    (lambda a: [None for _ in nl.affine_range(8 / 3)],
+     "nl.affine_range's stop must be an integer, got 2.6666666666666665"),
+    (lambda a: [None for _ in nl.sequential_range(0, 8, 1.5)],
+     "nl.sequential_range's step must be an integer, got 1.5"),
+    (lambda a: nl.load(a[:, 0:8 / 3]),
+     "the stop of a slice of `a` must be an integer, got 2.6666666666666665"),
+    (lambda a: nl.load(a[:, nl.ds(0, 1.5)]), "the size of nl.ds must be an integer, got 1.5"),
+    (lambda a: nl.load(a).reshape((128, 1024 / 5)),
+     "dimension 1 of the shape (128, 204.8) must be an integer, got 204.8"),
+])
+def test_a_fractional_size_is_a_type_error(body, text):
+    with pytest.raises(TypeError) as ei:
+        run(body, A)
+    assert ei.value.nki_code == "nkisim_not_an_integer"
+    assert str(ei.value) == f"{text} (`/` divides to a float; `//` for an integer)."
+
+
+def test_a_tuple_bound_is_a_type_error_and_whole_floats_pass():
+    with pytest.raises(TypeError) as ei:
+        run(lambda a: [None for _ in nl.affine_range(a.shape)], A)
+    assert str(ei.value) == "nl.affine_range's stop must be an integer, got (128, 512)."
+
+    def body(a):          # 512 / 2 and 128 / 1 divide: no evidence the front end refuses them
+        t = nl.ndarray((128 / 1, 512 / 2), dtype=nl.float32)
+        for i in nl.affine_range(4 / 2):
+            t[:, i * 128:(i + 1) * 128.0] = nl.load(a[:, i * 128:(i + 1) * 128])
+        out = nl.ndarray((128, 256), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, nl.copy(t))
+        return out
+    np.testing.assert_array_equal(run(body, np.arange(128 * 512, dtype=np.float32).reshape(
+        128, 512)), np.arange(128 * 512, dtype=np.float32).reshape(128, 512)[:, 0:256])
+
+
+# ---------------------------------------------------------------------------------------------
 # control flow (ref §1.9)
 
 
