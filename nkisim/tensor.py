@@ -1857,8 +1857,11 @@ def _region(t: Tensor) -> Region:
 # assignment: `dst[...] = value`
 
 
-def fit(vals: np.ndarray, dst_shape, src_shape=None) -> np.ndarray:
-    """Shape ``vals`` to ``dst_shape``: equal, same partitions and element count, or broadcast."""
+def fit(vals: np.ndarray, dst_shape, src_shape=None, api="a = b") -> np.ndarray:
+    """Shape ``vals`` to ``dst_shape``: equal, same partitions and element count, or broadcast.
+    Otherwise NKI's err_store_dst_shape_smaller_than_other_shape when the destination has fewer
+    elements, and a shape mismatch naming ``api`` when it has as many or more (the documented
+    message says "smaller", which would be wrong there)."""
     src_shape = vals.shape if src_shape is None else src_shape
     dst_shape = tuple(dst_shape)
     if vals.shape == dst_shape:
@@ -1871,8 +1874,13 @@ def fit(vals: np.ndarray, dst_shape, src_shape=None) -> np.ndarray:
             return np.broadcast_to(vals, dst_shape)
     except ValueError:
         pass
-    raise nki_error("err_store_dst_shape_smaller_than_other_shape", dst=shape_str(dst_shape),
-                    src=shape_str(src_shape))
+    if math.prod(dst_shape) < math.prod(src_shape):
+        raise nki_error("err_store_dst_shape_smaller_than_other_shape",
+                        dst=shape_str(dst_shape), src=shape_str(src_shape))
+    raise nki_error("nkisim_shape_mismatch", params="destination, value", api=api,
+                    why=f"the destination is {shape_str(dst_shape)}, the value "
+                        f"{shape_str(src_shape)}: neither the same partitions and element count "
+                        "nor a broadcast of the value")
 
 
 def _temp_refs():
@@ -2297,7 +2305,8 @@ def inplace(t: Tensor, other, opname: str) -> Tensor:
         if other.root.unpoisoned is not None:
             poisoned(other.root)
         inc = other._arr if other._idx is None and other._slots is None and \
-            other._arr.shape == t.shape else fit(values(other), t.shape, other.shape)
+            other._arr.shape == t.shape else fit(values(other), t.shape, other.shape,
+                                                 f"{t.name} += nc_matmul(...)")
         if fresh is not None:
             acc = values(t).astype(np.float32) + inc
             write(t, np.where(fresh, inc, acc), "nc_matmul", accumulate=True, run=run)

@@ -199,6 +199,30 @@ def test_store_destination_smaller_than_source():
                      "parameter 'a' is smaller than other parameter shapes b[128, 512]"))
 
 
+def test_a_larger_destination_is_a_shape_mismatch_not_smaller():
+    """The documented message says the destination "is smaller": only when it is. A [128, 512]
+    accumulator of a [64, 512] product is larger, in its partitions."""
+    def body(a):
+        st = nl.load(a[:, 0:64])
+        acc = nl.zeros((128, 512), nl.float32, buffer=nl.psum)
+        acc += nisa.nc_matmul(st, nl.load(a))
+
+    with pytest.raises(ValueError) as ei:
+        run(body, A)
+    check(ei, ValueError, "nkisim_shape_mismatch",
+          "Parameter shapes (destination, value) of 'acc += nc_matmul(...)' has mismatched "
+          "shapes: the destination is [128, 512], the value [64, 512]: neither the same "
+          "partitions and element count nor a broadcast of the value.")
+
+    def assign(a):
+        t = nl.ndarray((128, 512), dtype=nl.float32)
+        t[...] = nl.load(a[0:64, :])
+
+    with pytest.raises(ValueError, match=r"of 'a = b' has mismatched shapes: the destination "
+                                         r"is \[128, 512\], the value \[64, 512\]"):
+        run(assign, A)
+
+
 # ---------------------------------------------------------------------------------------------
 # sizes, bounds and indices that are not integers (`/` for `//`): Python's range, slicing and
 # NumPy shapes raise TypeError for them; nkisim used to truncate a float silently
