@@ -244,7 +244,7 @@ def _run_one(job):
             result["error"] = "; ".join(comparison.reasons)
     except Exception as exc:  # a kernel that raises is a failed case, not a crash
         result["error"] = _one_line(exc)
-        result["message"] = result["error"] + "\n" + _user_traceback(exc)
+        result["message"] = (result["error"] + "\n" + _user_traceback(exc)).rstrip("\n")
         result["raised"] = True
     result["elapsed_s"] = time.perf_counter() - t0
     result["ended"], result["cpu_s"] = time.time(), time.process_time() - cpu0
@@ -256,9 +256,32 @@ def _one_line(exc) -> str:
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
+def _library_dirs() -> tuple:
+    """Directories whose frames are not the user's: nkisim, nkiverify, NumPy, ml_dtypes and the
+    standard library."""
+    import sysconfig
+
+    import ml_dtypes
+    import numpy
+
+    import nkisim
+    dirs = [os.path.dirname(m.__file__) + os.sep for m in (nkisim, numpy, ml_dtypes)]
+    dirs.append(os.path.dirname(__file__) + os.sep)
+    dirs.append(sysconfig.get_paths()["stdlib"] + os.sep)
+    return tuple(dirs)
+
+
 def _user_traceback(exc) -> str:
-    """The traceback's last frames, which are the kernel's lines (not ours)."""
-    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__, limit=-4))
+    """Where the kernel's code raised ``exc``: its last four frames outside nkisim, nkiverify
+    and the libraries (an error raised deep inside an nkisim op still points at the kernel's
+    line that called it); empty when no frame is the user's (a kernel that returned None)."""
+    lib = _library_dirs()
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith(lib) and not f.filename.startswith("<")]
+    if not frames:
+        return ""
+    return "in the kernel's code (most recent call last):\n" + \
+        "".join(traceback.format_list(frames[-4:]))
 
 
 def _case_key(job):
@@ -979,7 +1002,9 @@ def cmd_bench(args) -> int:
             runtime.simulate(kernel, inputs.args, inputs.kwargs, target=backend.target)
         except Exception as exc:
             print(f"nki-verify bench: the kernel failed: {_one_line(exc)}", file=sys.stderr)
-            print(_user_traceback(exc), file=sys.stderr)
+            where = _user_traceback(exc)
+            if where:
+                print(where.rstrip("\n"), file=sys.stderr)
             return 1
         run = runtime.last_run()
         sched, us = runtime.estimate(run)

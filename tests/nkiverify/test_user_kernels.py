@@ -1,6 +1,8 @@
 """Kernels by reference: nki_verify(kernel=...) with a path or a kernel object, --nki-kernel,
 nki-verify run -j N and bench --kernel."""
 
+import os
+
 import pytest
 
 from nkiverify import cli, registry
@@ -225,3 +227,25 @@ def test_course_notes_say_why_a_function_is_skipped(tmp_path):
     assert "part1/kernels.py: no matrix_transpose (skipped; the trn1 course's part 1 has no " \
         "transpose)" in notes
     assert "part2/conv2d.py: not found (its kernels are skipped)" in notes
+
+
+def test_an_error_deep_in_an_op_points_at_the_kernels_line(tmp_path):
+    from nkiverify.backends import get_backend
+    path = tmp_path / "bad.py"
+    path.write_text(RETURNS_M_BY_1.replace(
+        "    nl.store(out, value=nl.add(a, b))",
+        "    nl.store(out, value=nisa.tensor_scalar(a, nl.add, b_vec))").replace(
+        "import neuronxcc.nki.language as nl",
+        "import neuronxcc.nki.isa as nisa\nimport neuronxcc.nki.language as nl"))
+    line = path.read_text().splitlines().index(
+        "    nl.store(out, value=nisa.tensor_scalar(a, nl.add, b_vec))") + 1
+    spec = registry.spec_for(f"naive={path}:vector_add_naive")
+    with pytest.raises(TypeError) as info:       # operand0 in HBM: raised inside nkisim
+        registry.run_case(spec, {"n": 128}, "float32", get_backend("nkisim"))
+    where = cli._user_traceback(info.value)
+    assert where.startswith("in the kernel's code (most recent call last):\n")
+    assert f'File "{path}", line {line}, in vector_add_naive' in where
+    import nkisim
+    assert os.path.dirname(nkisim.__file__) not in where          # none of nkisim's frames
+    # nothing of the user's raised: no frames to show
+    assert cli._user_traceback(registry.KernelReturnedNone("returned None")) == ""
