@@ -156,6 +156,7 @@ class Run:
     program_ids: tuple = ()
     shared_hbm: list = field(default_factory=list)   # shared_hbm tensors, in creation order
     shared_hbm_cursor: int = 0
+    hbm_made: list = field(default_factory=list)     # its first HBM allocations (until it ends)
     nesting: int = 0                                   # depth of kernel-calls-kernel
     memory: object = None                             # nkisim.memory.Memory
     sbuf_bytes: object = None                         # np.ndarray (P, bytes) for direct alloc

@@ -295,6 +295,9 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
             run.lnc.func = k.func
             result = run.lnc.run_all()
         outs = _flatten(result)
+        if result is None:
+            _no_return(run, k, list(wrapped) + list(kw.values()))
+        run.hbm_made = []
         if run.rules.outputs_shared_hbm:
             _check_shared_outputs(run, outs)
         for a, t in writeback:
@@ -326,6 +329,23 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
         if freeze:
             gc.unfreeze()
         limits.restore_original_limits()
+
+
+def _no_return(run, k, args) -> None:
+    """A kernel that returns nothing, writes none of its arguments, but wrote an HBM tensor it
+    made: the caller gets None (the course's harnesses then fail inside np.allclose), so a
+    missing ``return out`` is likely. A warning: the device returns nothing either. (A kernel
+    that writes its results into its arguments, old-style, returns nothing by design.)"""
+    if any(getattr(getattr(a, "root", None), "gen", 0) > 0 for a in args):
+        return
+    for root in run.hbm_made:
+        if root.gen > 0 and not root.param:
+            code = getattr(getattr(k, "func", k), "__code__", None)
+            site = None if code is None else (code.co_filename, code.co_firstlineno)
+            run.warn(("no_return", id(k)),
+                     f"the kernel returned None but wrote `{root.name}`, an HBM tensor it "
+                     f"created: a missing `return {root.name}`?", site=site)
+            return
 
 
 def _check_shared_outputs(run, outs) -> None:

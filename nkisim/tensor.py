@@ -265,6 +265,8 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
             a.uniform = 0
             shadow = checks.LAZY
         t = Tensor(arr, shadow, a, dt, shape, None, None)
+        if len(run.hbm_made) < 4:       # (for runtime._no_return; the first few suffice)
+            run.hbm_made.append(a)
         if buf.shared:
             run.shared_hbm.append(t)
             run.shared_hbm_cursor = len(run.shared_hbm)
