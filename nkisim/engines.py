@@ -724,6 +724,7 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
         if any(int(v) % 32 for v in tuple(tile_position) + tuple(tile_size)):
             raise nki_error("nkisim_invalid_argument", api=api,
                             why="tile_position and tile_size must be multiples of 32")
+        _pe_tile_check(run, api, tuple(tile_position), tuple(tile_size), K, M)
     caller = sys._getframe(1)
     code = caller.f_code
     if code.co_filename.startswith(context._PKG_DIR):
@@ -807,6 +808,29 @@ def _owned(out, *inputs) -> bool:
     not a view, not one of its inputs): it may become the result tile's storage."""
     return type(out) is np.ndarray and out.base is None and \
         all(out is not i for i in inputs)
+
+
+def _pe_tile_check(run, api, position, size, K, M) -> None:
+    """PE tiling (ref §1.10 nc_matmul): "tile_size >= stationary size" (rows: the K
+    partitions the stationary occupies, columns: its M free elements); on NC-v2 "row and column
+    sizes cannot both be 32"; and the tile lies on the pmax x pmax PE array (position + size
+    <= pmax on each side: the array has no more rows or columns to give)."""
+    if len(position) != 2 or len(size) != 2:
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why="tile_position and tile_size are (row, column) pairs")
+    (r, c), (rows, cols) = (int(v) for v in position), (int(v) for v in size)
+    if rows < K or cols < M:
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"tile_size ({rows}, {cols}) is smaller than the stationary "
+                            f"({K} partitions, {M} columns): tile_size >= stationary size")
+    pmax = run.arch.pmax
+    if r + rows > pmax or c + cols > pmax:
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"tile_position ({r}, {c}) + tile_size ({rows}, {cols}) reaches past "
+                            f"the {pmax}x{pmax} PE array")
+    if run.arch.name == "trn1" and rows == 32 and cols == 32:
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why="on NC-v2 (trn1) the tile's row and column sizes cannot both be 32")
 
 
 def _matmul_taint(run, st, mv, K, M, N, shape) -> None:

@@ -434,6 +434,32 @@ def test_nc_matmul_2d(K, M, N, dtype):
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_nc_matmul_pe_tiling_the_docs_test_and_its_limits():
+    """ref §1.10: tile_position/tile_size both set, multiples of 32, tile_size >= the stationary
+    (the docs' test: 64x64x512 matmuls at ((i%2)*64, (j%2)*64) of size (64, 64)); a tile past
+    the 128x128 array cannot be placed."""
+    st, mv = rand((64, 64), np.float32, -1, 1), rand((64, 512), np.float32, -1, 1)
+
+    def kernel_for(position, size):
+        @nki.jit
+        def kernel(st, mv):
+            return store(nisa.nc_matmul(nl.load(st), nl.load(mv), tile_position=position,
+                                        tile_size=size))
+        return kernel
+
+    for position in ((0, 0), (0, 64), (64, 0), (64, 64)):
+        out = nki.simulate_kernel(kernel_for(position, (64, 64)), st, mv)
+        np.testing.assert_allclose(out, st.astype(np.float64).T @ mv, rtol=1e-5, atol=1e-5)
+    for position, size, why in [
+            ((0, 0), (32, 64), r"tile_size \(32, 64\) is smaller than the stationary \(64 "
+                               r"partitions, 64 columns\)"),
+            ((96, 0), (64, 64), r"tile_position \(96, 0\) \+ tile_size \(64, 64\) reaches "
+                                r"past the 128x128 PE array"),
+            ((0, 16), (64, 64), "multiples of 32")]:
+        with pytest.raises(ValueError, match=why):
+            nki.simulate_kernel(kernel_for(position, size), st, mv)
+
+
 @pytest.mark.parametrize("moving_shape", [(128, 4, 64), (64, 2, 4, 32), (32, 8, 1)])
 def test_nc_matmul_multi_dim_moving(moving_shape):
     K = moving_shape[0]
