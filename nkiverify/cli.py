@@ -55,7 +55,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 
-from . import registry  # noqa: E402
+from . import registry, strategies  # noqa: E402
 from ._util import UsageError, check_report_path, reproduce_command  # noqa: E402, F401
 from .backends import get_backend  # noqa: E402
 from .fixtures.configs import (  # noqa: E402
@@ -706,6 +706,14 @@ def find_course_kernels(root: str) -> tuple[list[str], list[str]]:
             notes.append(f"{rel}: not found (its kernels are skipped)")
             continue
         defined = _defined_functions(path)
+        handout = [f for f in ("vector_add_direct_allocation", "vector_add_direct_allocation_bad")
+                   if f in defined]
+        if handout:
+            # the trn1 course's step 3 (cs149-assignment §1): kernels the handout gives whole
+            # (the _bad one wrong by design) to profile, not to write
+            notes.append(f"{rel}: {' and '.join(handout)} not checked (the handout's own; the "
+                         "course runs them with `nkisim run --target trn1 vec_add.py --kernel "
+                         "alloc --size 256000` from part1/)")
         for func in funcs:
             if func in defined:
                 refs.append(f"{registry.COURSE_FUNCTIONS[func]}={path}:{func}")
@@ -843,20 +851,37 @@ def cmd_course(args) -> int:
     latencies = [] if interrupted else _course_latencies(args, args.quick)
 
     print("\n==== summary ====")
+    # Cases beyond the course's contract (docs/course-contract.md: a tiled n that is not a
+    # multiple of 128, a 5x5 filter, pool 3...) show what the kernel does not handle, but the
+    # course never asks for them: they neither fail the verdict nor the exit status.
+    def required(case_id):
+        case = by_id(case_id)
+        return case.source == "course" or strategies.in_course_contract(
+            case.kernel, case.params, args.target)
     by_kernel: dict = {}
+    beyond: dict = {}
     for label, message in failures:
-        by_kernel.setdefault(by_id(label.split()[0]).kernel, []).append((label, message))
+        case_id = label.split()[0]
+        (by_kernel if required(case_id) else beyond).setdefault(
+            by_id(case_id).kernel, []).append((label, message))
     for spec in specs:
         recs = [r for r in report.records if r.kernel == spec.name]
         ok = sum(r.passed for r in recs)
-        status = "----" if not recs else "PASS" if ok == len(recs) else "FAIL"
+        needed = [r for r in recs if required(r.case_id)]
+        status = "----" if not recs else "PASS" if all(r.passed for r in needed) else "FAIL"
         # the configurations the course's own harness runs, apart from our extra cases
         split = ""
         course = [r for r in recs if by_id(r.case_id).source == "course"]
-        if ok < len(recs) and 0 < len(course) < len(recs):
+        extra = [r for r in needed if by_id(r.case_id).source != "course"]
+        more = [r for r in recs if not required(r.case_id)]
+        if ok < len(recs) and course and (extra or more):
             course_ok = sum(r.passed for r in course)
-            split = (f"; course configurations {course_ok}/{len(course)}, "
-                     f"extra cases {ok - course_ok}/{len(recs) - len(course)}")
+            split = f"; course configurations {course_ok}/{len(course)}"
+            if extra:
+                split += f", extra cases {sum(r.passed for r in extra)}/{len(extra)}"
+            if more:
+                split += (f", beyond the course's contract {sum(r.passed for r in more)}/"
+                          f"{len(more)} (not required)")
         print(f"{status}  {spec.name:<9} {ok}/{len(recs)} cases  "
               f"({os.path.relpath(spec.import_path, root)}){split}"
               + ("  not checked (--cases)" if not recs else ""))
@@ -871,9 +896,13 @@ def cmd_course(args) -> int:
         for line in _advice(by_kernel):
             print(line)
     elif not interrupted:
-        print("\nevery case passed" + (" (--quick: the large images were skipped)"
-                                       if args.quick else ""))
-    return 1 if failures or interrupted else 0
+        print("\nevery case the course requires passed"
+              + (" (--quick: the large images were skipped)" if args.quick else ""))
+    if beyond:
+        print("\nbeyond the course's contract (not required; docs/course-contract.md):")
+        for line in _advice(beyond):
+            print(line)
+    return 1 if by_kernel or interrupted else 0
 
 
 # ---- bench --------------------------------------------------------------------------------

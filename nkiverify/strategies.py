@@ -105,6 +105,29 @@ def _check_contract(contract: str) -> str:
     return contract
 
 
+def in_course_contract(kernel: str, params: dict, target: str | None = None) -> bool:
+    """Whether ``params`` are within what the course's ``kernel`` (naive, tiled, stream,
+    transpose, conv2d) must handle: the "course" contract the strategies draw from
+    (docs/course-contract.md; cs149-assignment §1, §2). Cases beyond it (a tiled n that is not
+    a multiple of 128, a 5x5 filter, pool 3...) test robustness the course does not ask for."""
+    lim = limits(target)
+    if kernel == "naive":
+        return params["n"] <= lim.pmax
+    if kernel == "tiled":
+        return params["n"] % lim.pmax == 0
+    if kernel == "stream":
+        return params["n"] % (lim.pmax * COURSE_STREAM_FREE_DIM) == 0
+    if kernel == "transpose":
+        return params["m"] % lim.pmax == 0 and params["n"] % lim.pmax == 0
+    if kernel == "conv2d":
+        k, pool = params["k"], params.get("pool", 1)
+        out_h, out_w = params["height"] - k + 1, params["width"] - k + 1
+        return (k == 3 and pool in (1, 2) and out_h % pool == 0
+                and params["c_in"] % lim.pmax == 0 and params["c_out"] % lim.pmax == 0
+                and out_w <= lim.gemm_moving_fmax)
+    return True
+
+
 def vector_add_params(kernel: str = "stream", *, target: str | None = None,
                       max_tiles: int = 24, max_stream_cols: int = 4200,
                       contract: str = "hardware") -> st.SearchStrategy[dict]:

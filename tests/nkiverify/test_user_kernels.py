@@ -227,6 +227,13 @@ def test_course_notes_say_why_a_function_is_skipped(tmp_path):
     assert "part1/kernels.py: no matrix_transpose (skipped; the trn1 course's part 1 has no " \
         "transpose)" in notes
     assert "part2/conv2d.py: not found (its kernels are skipped)" in notes
+    # the trn1 handout's direct-allocation kernels (given whole) are named, not checked
+    (tmp_path / "part1" / "kernels.py").write_text(
+        RETURNS_M_BY_1 + "\n\ndef vector_add_direct_allocation(a, b):\n    pass\n")
+    refs, notes = cli.find_course_kernels(str(tmp_path))
+    assert len(refs) == 1 and any(n.startswith(
+        "part1/kernels.py: vector_add_direct_allocation not checked (the handout's own; ")
+        for n in notes), notes
 
 
 def test_an_error_deep_in_an_op_points_at_the_kernels_line(tmp_path):
