@@ -240,7 +240,7 @@ def test_bench_conv2d_small_reports_mfu_and_the_course_threshold(capsys):
     out = capsys.readouterr().out
     assert "B=1 256->256 32x16 k=3 bias pool=1 float16" in out
     assert "% (fp32-adjusted" in out
-    assert "course threshold (float16, 32): 84 us ->" in out
+    assert "course threshold (float16, 32): threshold 84 us ->" in out
 
 
 def test_console_script_entry_point():
@@ -284,3 +284,19 @@ def test_timings_option_prints_the_timeline(capsys):
     # without the option there is no timeline
     assert cli.main(["--cases", "naive-n64", "--dtypes", "float16", "-j", "1"]) == 0
     assert "timeline" not in capsys.readouterr().out
+
+
+def test_a_course_with_one_threshold_passes_or_fails_it():
+    """cs149-assignment §3: the trn1 course has one threshold per dtype (224x224: fp32 4300 us)
+    and its harness prints pass or fail; trn2's has two tiers (full and partial credit)."""
+    relaxed, optimized = cli.course_thresholds("trn1")[("float32", 224)]
+    assert relaxed == optimized == 4300
+    assert cli._limits(relaxed, optimized) == "threshold 4300 us"
+    assert cli._grade(2635.0, relaxed, optimized) == "within the threshold"
+    assert cli._grade(4400.0, relaxed, optimized) == "too slow"
+    relaxed, optimized = cli.course_thresholds("trn2")[("float16", 224)]
+    assert relaxed > optimized
+    assert cli._limits(relaxed, optimized) == \
+        f"optimized {optimized:.0f} us, relaxed {relaxed:.0f} us"
+    assert [cli._grade(us, relaxed, optimized) for us in (optimized, relaxed, relaxed + 1)] == \
+        ["full credit", "partial credit", "too slow"]
