@@ -210,6 +210,8 @@ def whole(v, what: str) -> int:
     integral value (``M / 128`` that divides) passes: there is no evidence the front end
     refuses it. A fractional float, or anything ``int()`` refuses (a tuple: `affine_range(
     a.shape)`), is ``nkisim_not_an_integer`` (a TypeError, as Python's ``range`` raises)."""
+    if type(v) is int:
+        return v
     if isinstance(v, (float, np.floating)):
         if float(v).is_integer():
             return int(v)
