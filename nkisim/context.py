@@ -135,6 +135,9 @@ class Rules:
     # ndim, itemsize, reshape, view, astype, broadcast_to, expand_dims, assert_shape (reference
     # §1, nki/api/nki/__init__.py class tensor): there they raise AttributeError.
     view_primitives: bool = False
+    # activation's reduce_op: "NC-v2 reduce op must be add" (Beta 1, reference §1.10); nki 0.3+:
+    # "`reduce_op` must be `nl.add`" on every target (nki-current §2.4, STUB-R32).
+    activation_reduce_add_only: bool = False
 
 
 BETA1 = Rules()

@@ -486,9 +486,11 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
     res = result_tile(run, shape, dtype or x.dtype, out, api, SCALAR, tiles, detail,
                       mask=_mask(mask, shape), fresh=_owned(out, v) and reduce_res is None)
     if reduce_res is not None:
-        if reduce_op is None or _alu_name(reduce_op, api) != "add" and run.arch.nc_version < 3:
+        add_only = run.arch.nc_version < 3 or run.rules.activation_reduce_add_only
+        if reduce_op is None or _alu_name(reduce_op, api) != "add" and add_only:
             raise nki_error("nkisim_invalid_argument", api=api,
-                            why="reduce_op must be nl.add on NeuronCore-v2")
+                            why="reduce_op must be nl.add" + (
+                                " on NeuronCore-v2" if run.arch.nc_version < 3 else ""))
         rn = _alu_name(reduce_op, api)
         red = reduce_values(rn, out.reshape(P, -1), (1,), True)
         from .tensor import write as _write

@@ -317,20 +317,23 @@ class LoopIndex(int):
     __hash__ = int.__hash__
 
 
-def _loop(kind, args, make_index):
+def _loop(kind, args, make_index, api=None):
     """The generator behind ``nl.*_range``: one activation (a ``context.Loop``), a new epoch
     per iteration (the race checks compare epochs), the tiles of an iteration out of scope
     when the next starts. Per activation and per iteration it does only attribute updates
     (issue 12: a 3x3 conv2d starts a loop every two matmuls)."""
     run = context.current()
+    api = api or f"nl.{kind}_range"     # (the face's name for the loop, for messages)
     if len(args) == 1:
-        r = range(whole(args[0], f"nl.{kind}_range's stop"))
+        r = range(whole(args[0], f"{api}'s stop"))
     elif len(args) == 0 or len(args) > 3:
-        raise nki_error("nkisim_invalid_argument", api=f"nl.{kind}_range",
+        raise nki_error("nkisim_invalid_argument", api=api,
                         why="expects (stop), (start, stop) or (start, stop, step)")
     else:
-        r = range(*[whole(a, f"nl.{kind}_range's {what}")
-                    for a, what in zip(args, ("start", "stop", "step"))])
+        bounds = [whole(a, f"{api}'s {what}") for a, what in zip(args, ("start", "stop", "step"))]
+        if len(bounds) == 3 and bounds[2] == 0:
+            raise nki_error("nkisim_invalid_argument", api=api, why="the step must not be zero")
+        r = range(*bounds)
     f = sys._getframe(1)            # (context.caller_location: the kernel's line)
     while f is not None and f.f_code.co_filename.startswith(_PKG_DIR):
         f = f.f_back

@@ -52,7 +52,7 @@ def rules() -> _context.Rules:
         # nl.copy: 0.3-0.5 ScalarE activation(copy), result in the source's buffer; 0.6.0 VectorE
         # tensor_copy, "result always in SBUF" (STUB-R29 vs STUB-R32, RN 2.32; spec §2.3)
         copy_same_buffer=not _version.at_least(0, 6),
-        view_primitives=_version.at_least(0, 5))
+        view_primitives=_version.at_least(0, 5), activation_reduce_add_only=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -330,9 +330,14 @@ def _beta1_used(func, name, modname) -> None:
         raise _nki_error("nkisim_invalid_argument", api=f"nki kernel {func.__name__} ({where})",
                          why=f"`{name}` is {modname}: using neuronxcc.nki inside an NKI kernel "
                              "is a compile error since NKI 0.4.0; use nki.language / nki.isa")
-    warnings.warn(f"nki kernel {func.__name__} ({where}) uses `{name}` ({modname}): "
-                  "neuronxcc.nki inside NKI kernels is deprecated (an error from NKI 0.4.0)",
-                  DeprecationWarning, stacklevel=3)
+    # a FutureWarning (shown by default: the kernel's author is the user; a DeprecationWarning
+    # is hidden outside __main__), at the kernel's own line
+    code = func.__code__
+    warnings.warn_explicit(
+        f"nki kernel {func.__name__} ({where}) uses `{name}` ({modname}): neuronxcc.nki inside "
+        "NKI kernels is deprecated (an error from NKI 0.4.0)", FutureWarning,
+        code.co_filename, code.co_firstlineno, module=func.__module__,
+        registry=func.__globals__.setdefault("__warningregistry__", {}))
 
 
 # ---------------------------------------------------------------------------------------------

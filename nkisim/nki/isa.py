@@ -978,9 +978,12 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
         # adds garbage and was warned about): exempt from the race checks, as for
         # `psum += nisa.nc_matmul(...)` (an associative reduction)
         garbage = None
-        if dst._ws is not None and init_any:     # (_w would materialize a lazy shadow)
+        # (_w would materialize a lazy shadow.) accumulate=True reads every element: where no
+        # instruction ever wrote one, the sum is garbage like any never-written read (an
+        # error if it reaches HBM), whatever the version's warning says
+        if dst._ws is not None and (init_any or add_all):
             garbage = accumulator_garbage(
-                run, dst, dst if init_all else _masked_shadow_view(dst, init, run),
+                run, dst, dst if init_all or add_all else _masked_shadow_view(dst, init, run),
                 "nc_matmul (accumulate)")
         if add_all and dst._idx is None and values(dst).dtype == np.float32:
             _add_into(run, dst, inc)        # in place, one pass (as Beta 1's `psum += ...`)

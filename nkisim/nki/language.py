@@ -22,7 +22,7 @@ import numpy as np
 from .. import context, dtypes
 from .. import ops as _ops
 from ..errors import nki_error
-from ..indexing import DynSlice
+from ..indexing import DynSlice, whole
 from ..lowering import matmul as _matmul
 from ..lowering import transpose as _transpose
 
@@ -289,10 +289,12 @@ def _shape(shape, api):
     if isinstance(shape, (int, np.integer)):
         shape = (int(shape),)
     try:
-        return tuple(int(s) for s in shape)
-    except (TypeError, ValueError):
+        items = tuple(shape)
+    except TypeError:
         raise nki_error("nkisim_invalid_argument", api=api,
                         why=f"shape must be a tuple of ints, got {shape!r}") from None
+    return tuple(whole(s, f"dimension {i} of {api}'s shape {items!r}")
+                 for i, s in enumerate(items))
 
 
 def _placed(buf, address, shape, dtype):
@@ -411,7 +413,7 @@ tile_size = _TileSize()
 def _range(kind, start, stop, step):
     args = (start,) if stop is None else (start, stop, step)
     # the core's unrolled loop: the loop variable is a plain int, no parallel-loop checks
-    return _ops._loop("static", args, int)
+    return _ops._loop("static", args, int, api=f"nl.{kind}_range" if kind != "range" else "range")
 
 
 def affine_range(start, stop=None, step=1):
@@ -439,6 +441,8 @@ def _int_value(x, api):
         v = getattr(x, attr, None)
         if isinstance(v, (int, np.integer)):
             return int(v)
+    if isinstance(x, (float, np.floating)):
+        return whole(x, f"{api}'s bound")
     try:
         return int(x)
     except (TypeError, ValueError):
@@ -478,7 +482,11 @@ def fori_loop(lower, upper, body_fun, step=1):
     lo = _int_value(lower, "nl.fori_loop")
     hi = _int_value(upper, "nl.fori_loop")
     st = _int_value(step, "nl.fori_loop")
-    for i in _ops._loop("sequential", (lo, hi, st), int):
+    if st == 0:        # (jax's fori_loop takes init_val 4th: here it is the step)
+        raise nki_error("nkisim_invalid_argument", api="nl.fori_loop",
+                        why="the step (4th argument; nl.fori_loop(lower, upper, body_fun, "
+                            "step=1) has no init_val) must not be zero")
+    for i in _ops._loop("sequential", (lo, hi, st), int, api="nl.fori_loop"):
         body_fun(i)
 
 

@@ -551,6 +551,32 @@ def test_activation_reduce_sums_along_the_free_dims():
     np.testing.assert_allclose(r[:, 0], np.tanh(2 * a).sum(axis=(1, 2)), rtol=1e-5)
 
 
+def test_activation_reduce_op_must_be_add_in_the_current_dialect():
+    """nki-current §2.4 activation: "`reduce_op` must be `nl.add`" (every target); Beta 1 says
+    so of NC-v2 only (reference §1.10), so a trn2 Beta 1 kernel may take the max."""
+    a = rand((16, 8), -1, 1)
+
+    @nki.jit
+    def k(x):
+        c, r = sb(x.shape), sb((16, 1))
+        nisa.activation(c, ops.exp, load(x), reduce_op=ops.maximum, reduce_res=r)
+        return out_of(r)
+
+    with pytest.raises(Exception, match="activation: reduce_op must be nl.add"):
+        k(a)
+
+    @b1.jit
+    def beta1(x):
+        r = b1.language.ndarray((16, 1), dtype=np.float32, buffer=b1.language.sbuf)
+        b1isa.activation(ops.exp, b1.language.load(x), reduce_op=ops.maximum, reduce_res=r)
+        o = b1.language.ndarray((16, 1), dtype=np.float32, buffer=b1.language.shared_hbm)
+        b1.language.store(o, r)
+        return o
+
+    np.testing.assert_allclose(b1.simulate_kernel(beta1, a)[:, 0], np.exp(a).max(axis=1),
+                               rtol=1e-6)
+
+
 def test_activation_reduce_accumulating_commands_are_not_silently_ignored():
     @nki.jit
     def k(x):
@@ -994,14 +1020,18 @@ def test_matmul_true_after_a_memset_adds_and_warns():
 
 
 def test_matmul_true_into_fresh_psum_is_garbage_and_warns_from_0_5(monkeypatch):
-    with pytest.warns(NKIWarning, match="no matmul initialised"):
-        out = _mm_kernel([("mm", True, ALL)])(W, X)
-    assert np.isnan(out).all()          # NaN sentinel of a new nl.ndarray, plus the product
+    # garbage (never-written PSUM plus the product) making up the whole output: the read's
+    # error, in every version; the version decides only the warning (0.5.0+)
+    def uninit():
+        return pytest.raises(ValueError, match=r"read of uninitialized memory: 'nc_matmul "
+                                               r"\(accumulate\)'")
+    with pytest.warns(NKIWarning, match="no matmul initialised"), uninit():
+        _mm_kernel([("mm", True, ALL)])(W, X)
     monkeypatch.setenv("NKISIM_NKI_VERSION", "0.4")
     with warnings.catch_warnings():
         warnings.simplefilter("error", NKIWarning)
-        out = _mm_kernel([("mm", True, ALL)])(W, X)
-    assert np.isnan(out).all()
+        with uninit():
+            _mm_kernel([("mm", True, ALL)])(W, X)
 
 
 @pytest.mark.parametrize("steps, cols_twice", [

@@ -505,6 +505,41 @@ def test_range_rejects_beta1_keywords():
         run(k, rand((1, 1)))
 
 
+@pytest.mark.parametrize("make, text", [
+    (lambda a: [None for _ in nl.affine_range(a.shape[1] / 200)],
+     "nl.affine_range's stop must be an integer, got 2.56"),
+    (lambda a: [None for _ in nl.sequential_range(2.5)],
+     "nl.sequential_range's stop must be an integer, got 2.5"),
+    (lambda a: nl.ndarray((128, 804 / 8), dtype=a.dtype, buffer=nl.sbuf),
+     "dimension 1 of nl.ndarray's shape (128, 100.5) must be an integer, got 100.5"),
+    (lambda a: nl.fori_loop(0, 640 / 256, lambda i: None),
+     "nl.fori_loop's bound must be an integer, got 2.5")])
+def test_a_fractional_bound_or_size_is_a_type_error(make, text):
+    def k(a):
+        make(a)
+        return a
+    with pytest.raises(TypeError) as info:
+        run(k, rand((128, 512)))
+    assert str(info.value) == f"{text} (`/` divides to a float; `//` for an integer)."
+
+
+def test_fori_loop_step_zero_says_there_is_no_init_val():
+    def k(a):
+        nl.fori_loop(0, 2, lambda i: None, 0)        # jax's fori_loop(lower, upper, body, init)
+        return a
+    with pytest.raises(ValueError, match=r"nl.fori_loop: the step \(4th argument; "
+                                         r"nl.fori_loop\(lower, upper, body_fun, step=1\) has "
+                                         r"no init_val\) must not be zero"):
+        run(k, rand((1, 1)))
+
+    def k2(a):
+        for _ in nl.affine_range(0, 2, 0):
+            pass
+        return a
+    with pytest.raises(ValueError, match="nl.affine_range: the step must not be zero"):
+        run(k2, rand((1, 1)))
+
+
 def test_fori_loop_calls_the_body_in_order(monkeypatch):
     seen = []
 

@@ -328,9 +328,13 @@ def test_neuronxcc_nki_inside_an_nki_kernel(served, monkeypatch, tmp_path):
     np.testing.assert_array_equal(nki.jit(mod.clean)(a), a)    # a clean kernel of that module
     # 0.3: a deprecation warning, and it runs
     monkeypatch.setenv("NKISIM_NKI_VERSION", "0.3")
-    with pytest.warns(DeprecationWarning, match="neuronxcc.nki inside NKI kernels"):
+    with pytest.warns(FutureWarning, match="neuronxcc.nki inside NKI kernels") as seen:
         out = k(a)
     np.testing.assert_array_equal(out, a)
+    # at the line of the function that uses it (a FutureWarning: shown by default, unlike a
+    # DeprecationWarning raised from inside nkisim)
+    assert [(w.filename, w.lineno) for w in seen] == \
+        [(mod.helper.__code__.co_filename, mod.helper.__code__.co_firstlineno)]
 
 
 def test_inputs_are_hbm_or_shared_hbm_under_lnc2():
