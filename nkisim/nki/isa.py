@@ -64,7 +64,11 @@ class NkiValidationError(Exception):
 class _Violation(NkiValidationError, AssertionError):
     """A hardware-constraint violation. The simulator docs show these as ``AssertionError:
     tensor_tensor data1 partition dimension 256 exceeds maximum 128`` (SIM §What it checks) and
-    the stubs name the class ``NkiValidationError``: both ``except`` clauses catch it."""
+    the stubs name the class ``NkiValidationError``: both ``except`` clauses catch it, and a
+    traceback names it so."""
+
+
+_Violation.__name__ = _Violation.__qualname__ = "NkiValidationError"
 
 
 def _invalid(msg: str) -> _Violation:
