@@ -166,15 +166,28 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+# Output widths just past where 512 // out_w (rows per 2 KiB fp32 PSUM bank) drops: 4 -> 3, 3 ->
+# 2, 2 -> 1, and the widest row (hypothesis's integers favour small values, so these are drawn
+# by name as well)
+_ROW_GROUP_EDGES = (129, 171, 257, 512)
+
+
 @st.composite
 def conv2d_params(draw, *, dtype="float32", target: str | None = None, max_channel_tiles=2,
                   filters=None, max_out_h=10, max_out_w=20, max_batch=2,
-                  max_pool=None, contract: str = "hardware") -> dict:
+                  max_pool=None, contract: str = "hardware", wide=None) -> dict:
     """Parameters of ``fused_conv2d_maxpool`` within the kernel's contract (cs149 §2):
 
     C_in, C_out multiples of pmax with the weights fitting in SBUF; a square K x K filter; stride
     1, no padding; output width at most ``gemm_moving_fmax``; a pool size dividing the output
     height (and at most the output width); bias or zeros.
+
+    ``wide`` (default: for the course contract): the output width is drawn, as often as not,
+    from ``max_out_w`` .. ``gemm_moving_fmax`` too. A student's kernel groups output rows per
+    PSUM tile by ``512 // out_w``: widths past 170, 256 and 341 leave 2, 1 and 1 rows per tile,
+    which is where row-grouping bugs live (a property run found three in valid-looking student
+    kernels: zero rows per tile at widths 131 and 259, two 258-column rows in one 2 KiB bank);
+    below 20 they never show.
     """
     course = _check_contract(contract) == "course"
     if filters is None:
@@ -191,8 +204,20 @@ def conv2d_params(draw, *, dtype="float32", target: str | None = None, max_chann
     fitting = [t * lim.pmax for t in range(1, max_channel_tiles + 1)
                if lim.weights_fit(c_in, t * lim.pmax, k, dtype)]
     c_out = draw(st.sampled_from(fitting))
-    out_h = draw(st.integers(1, max_out_h))
-    out_w = draw(st.integers(1, min(max_out_w, lim.gemm_moving_fmax)))
+    top = min(max_out_w, lim.gemm_moving_fmax)
+    if (course if wide is None else wide) and top < lim.gemm_moving_fmax and \
+            draw(st.booleans()):
+        # wide: 1 or 2 rows per PSUM bank, so a few rows reach every row-group remainder
+        # (and keep a drawn case cheap: about 0.1 s of simulation)
+        edges = [w for w in _ROW_GROUP_EDGES if top < w <= lim.gemm_moving_fmax]
+        out_w = draw(st.one_of(st.sampled_from(edges), st.integers(top + 1,
+                                                                   lim.gemm_moving_fmax))
+                     if edges else st.integers(top + 1, lim.gemm_moving_fmax))
+        out_h = draw(st.integers(1, min(max_out_h, 4)))
+        max_batch = 1
+    else:
+        out_w = draw(st.integers(1, top))
+        out_h = draw(st.integers(1, max_out_h))
     pools = [p for p in _divisors(out_h) if p <= min(out_w, max_pool)]
     pool = draw(st.sampled_from(pools))
     return {"batch": draw(st.integers(1, max_batch)), "c_in": c_in, "c_out": c_out,

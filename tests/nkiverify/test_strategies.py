@@ -190,6 +190,18 @@ def test_course_contract_conv2d(p):
     assert p["c_in"] % 128 == 0 and p["c_out"] % 128 == 0 and out_w <= 512
 
 
+def test_course_contract_draws_wide_outputs_too():
+    """Row-grouping bugs of student kernels (512 // out_w rows per PSUM bank) appear only past
+    widths of about 128 (docs/course-contract.md allows up to gemm_moving_fmax = 512)."""
+    course = strategies.kernel_params("conv2d", contract="course")
+    wide = find(course, lambda p: p["width"] - 2 > 256 and p["pool"] == 2)
+    assert (wide["width"], wide["height"], wide["pool"]) == (259, 4, 2)
+    assert find(course, lambda p: p["width"] - 2 <= 20)["width"] - 2 == 1
+    # ours (the hardware contract) small unless asked: its wide cases are fixed ones
+    assert find(strategies.kernel_params("conv2d", contract="hardware", wide=True),
+                lambda p: p["width"] - p["k"] + 1 > 256)
+
+
 def test_hardware_contract_reaches_what_the_course_never_tests():
     hw = strategies.kernel_params("conv2d", contract="hardware")
     assert find(hw, lambda p: p["k"] == 5)["k"] == 5
