@@ -55,7 +55,7 @@ import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 
-from . import registry, strategies  # noqa: E402
+from . import registry  # noqa: E402
 from ._util import UsageError, check_report_path, reproduce_command  # noqa: E402, F401
 from .backends import get_backend  # noqa: E402
 from .fixtures.configs import (  # noqa: E402
@@ -853,6 +853,8 @@ def cmd_course(args) -> int:
     # Cases beyond the course's contract (docs/course-contract.md: a tiled n that is not a
     # multiple of 128, a 5x5 filter, pool 3...) show what the kernel does not handle, but the
     # course never asks for them: they neither fail the verdict nor the exit status.
+    from . import strategies  # (hypothesis: imported only by the course command)
+
     def required(case_id):
         case = by_id(case_id)
         return case.source == "course" or strategies.in_course_contract(
