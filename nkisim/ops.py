@@ -491,10 +491,12 @@ def _dma_detail(dst: Tensor, src: Tensor, nbytes: int, dst_run=None, dst_buffer=
 
 def _contig_bytes(t: Tensor, mask=None) -> int:
     a = t._arr
-    if a is not None and mask is not None and mask.size == t.size:
-        return _offsets_run(t, _offsets(t), mask)
-    if a is not None and t._idx is not None:
-        return _indexed_contig_bytes(t)
+    masked = mask is not None and mask.size == t.size
+    if a is not None and (masked or t._idx is not None):
+        # an advanced-indexed view (``a[m*128 + i.p, i.x]`` with ``i = nl.mgrid[...]``) or a
+        # masked one: its runs from its elements' addresses (``_offsets_run``), however the
+        # kernel spelled the index (nkisim.cost: DMAs are costed by their contiguous runs)
+        return _offsets_run(t, _offsets(t), mask if masked else None)
     if a is None:
         return t.dtype.itemsize
     run = a.itemsize
@@ -508,14 +510,6 @@ def _contig_bytes(t: Tensor, mask=None) -> int:
             break
         run *= n
     return run
-
-
-def _indexed_contig_bytes(t: Tensor) -> int:
-    """Mean contiguous run (bytes) of an advanced-indexed view (``a[m*128 + i.p, i.x]`` with
-    ``i = nl.mgrid[...]``): the DMA moves each maximal run of consecutive addresses as one
-    descriptor, however the kernel spelled the index (nkisim.cost: DMAs are costed by their
-    contiguous runs)."""
-    return _offsets_run(t, _offsets(t))
 
 
 def _offsets(t: Tensor):
@@ -545,9 +539,7 @@ def _offsets_run(t: Tensor, off, mask=None) -> int:
     item = t._arr.itemsize
     if off is None or off.ndim == 0 or off.size <= 1:
         return item
-    keep = None
-    if mask is not None and mask.size == off.size:
-        keep = np.asarray(mask).reshape(-1, off.shape[-1])
+    keep = None if mask is None else np.asarray(mask).reshape(-1, off.shape[-1])
     off = off.reshape(-1, off.shape[-1])
     limit = t.root.row_bytes if t.root.buffer != "hbm" else None
     cont = np.diff(off, axis=1) == item

@@ -183,8 +183,9 @@ def conv2d_params(draw, *, dtype="float32", target: str | None = None, max_chann
     height (and at most the output width); bias or zeros.
 
     ``wide`` (default: for the course contract): the output width is drawn, as often as not,
-    from ``max_out_w`` .. ``gemm_moving_fmax`` too. A student's kernel groups output rows per
-    PSUM tile by ``512 // out_w``: widths past 170, 256 and 341 leave 2, 1 and 1 rows per tile,
+    from ``max_out_w`` .. ``gemm_moving_fmax`` too (1-4 rows, one image). A student's kernel
+    groups output rows per PSUM tile by ``512 // out_w``: widths past 128, 170 and 256 leave 3,
+    2 and 1 rows per tile,
     which is where row-grouping bugs live (a property run found three in valid-looking student
     kernels: zero rows per tile at widths 131 and 259, two 258-column rows in one 2 KiB bank);
     below 20 they never show.

@@ -413,7 +413,8 @@ tile_size = _TileSize()
 def _range(kind, start, stop, step):
     args = (start,) if stop is None else (start, stop, step)
     # the core's unrolled loop: the loop variable is a plain int, no parallel-loop checks
-    return _ops._loop("static", args, int, api=f"nl.{kind}_range" if kind != "range" else "range")
+    return _ops._loop("static", args, int,
+                      api="nl.range" if kind == "range" else f"nl.{kind}_range")
 
 
 def affine_range(start, stop=None, step=1):

@@ -510,6 +510,7 @@ def test_range_rejects_beta1_keywords():
      "nl.affine_range's stop must be an integer, got 2.56"),
     (lambda a: [None for _ in nl.sequential_range(2.5)],
      "nl.sequential_range's stop must be an integer, got 2.5"),
+    (lambda a: [None for _ in nl.range(2.5)], "nl.range's stop must be an integer, got 2.5"),
     (lambda a: nl.ndarray((128, 804 / 8), dtype=a.dtype, buffer=nl.sbuf),
      "dimension 1 of nl.ndarray's shape (128, 100.5) must be an integer, got 100.5"),
     (lambda a: nl.fori_loop(0, 640 / 256, lambda i: None),
