@@ -26,6 +26,11 @@ Current ``nki`` dialect corpora (NKI 0.3+):
   driver script uses, against a NumPy reference written here (HEAD_KERNELS, HEAD_DRIVER), and
   counts one test per kernel; kernels that cannot run on today's NKI for an upstream reason are
   listed as not runnable upstream (HEAD_NOT_RUNNABLE, UPSTREAM_FAILING).
+- ``--sdk-examples``: a checkout of aws-neuron/aws-neuron-sdk at SDK 2.32 (a3247f5b, NKI 0.6.0)
+  or later (81ce03ae, 2026-08-21, has the same examples). Its nki/examples scripts in the
+  ``nki`` dialect that import neither torch nor jax and run something are run as the tutorials
+  are; the matmul example kernels (driven only by a torch script) run against NumPy as
+  nki-samples HEAD's (sdk_examples).
 - ``--nki-library``: a checkout of aws-neuron/nki-library (d2ad3a5, 2026-04-13). Its simulation
   tests are what ``make test ARGS="test/integration --test-mode simulation"`` runs (test/README.md
   "Simulation Mode"): pytest over test/integration with ``--test-mode simulation`` and the default
@@ -58,8 +63,8 @@ the evidence) count as not runnable upstream and stay out of the pass rate, like
 
 Prints, per file, the passed/failed counts and each failure's first error line, and as its last
 line ``conformance: nki-samples A/N sdk-tests B/M tutorials C/D nki-samples-head E/F nki-library
-G/H``. A test file that cannot even be imported counts all its tests as failed (their number at
-the pinned commits is in EXPECTED below).
+G/H sdk-examples I/J``. A test file that cannot even be imported counts all its tests as failed
+(their number at the pinned commits is in EXPECTED below).
 Without any corpus path it says how to get the checkouts and exits 0 (CI cannot fetch them).
 The checkouts stay outside the repo: never commit their code.
 """
@@ -87,7 +92,11 @@ The current-dialect corpora (nki-samples at HEAD, nki-library):
   pip install torch pytest-html pytest-metadata allpairspy fabric2 filelock boto3 \
       aws-embedded-metrics plotext        # nki-library's test harness imports them
 then: python benchmarks/conformance.py --nki-samples-head nki-samples-head \\
-          --nki-library nki-library"""
+          --nki-library nki-library
+The SDK's current-dialect examples (SDK 2.32, NKI 0.6.0):
+  git clone https://github.com/aws-neuron/aws-neuron-sdk sdk-2.32
+  git -C sdk-2.32 checkout a3247f5b
+then: python benchmarks/conformance.py --sdk-examples sdk-2.32"""
 
 # Tests per file at the pinned commits (pytest's collection once every file imports: the nki-samples
 # tests are parametrized, so a file that fails to import cannot be counted from its source). Used
@@ -838,18 +847,21 @@ def nki_samples_head_tests(root: str, args) -> dict:
     return results
 
 
-def nki_samples_head_kernels(root: str, args) -> dict:
+def nki_samples_head_kernels(root: str, args, base: str | None = None) -> dict:
     """nki-samples HEAD's `import nki` kernels, each in its own process on nkisim with NumPy
-    inputs against a NumPy reference (HEAD_KERNELS, HEAD_DRIVER)."""
+    inputs against a NumPy reference (HEAD_KERNELS, HEAD_DRIVER). ``base``: the directory of
+    the kernels' subdirectories (default: nki-samples' tutorials)."""
     results: dict = {}
     plug = _plugin_dir({"_nkisim_head_driver.py": HEAD_DRIVER})
-    base = os.path.join(root, "src", "nki_samples", "tutorials")
+    base = base or os.path.join(root, "src", "nki_samples", "tutorials")
     for (sub, mod), (n, why) in HEAD_NOT_RUNNABLE.items():
         if os.path.exists(os.path.join(base, sub, mod + ".py")):
             r = results.setdefault(f"{sub}/{mod}.py", FileResult(f"{sub}/{mod}.py"))
             r.upstream += n
             r.errors.append(("(import)", why))
     for sub, mod, kernel, (k, m, n) in HEAD_KERNELS:
+        if not os.path.exists(os.path.join(base, sub, mod + ".py")):
+            continue
         key = f"{sub}/{mod}.py"
         r = results.setdefault(key, FileResult(key))
         cmd = [sys.executable, os.path.join(plug, "_nkisim_head_driver.py"), mod, kernel,
@@ -907,9 +919,11 @@ def sdk_tests(root: str, args) -> dict:
     return _per_file("sdk-tests", tdir, files, [], [], args)
 
 
-def tutorial_scripts(root: str) -> list:
-    """Tutorial scripts that need neither torch nor jax and run something as __main__."""
-    base = os.path.join(root, "src", "nki_samples", "tutorials")
+def tutorial_scripts(root: str, base: str | None = None, dialect: str | None = None) -> list:
+    """Tutorial scripts that need neither torch nor jax and run something as __main__ (or, with
+    ``dialect="nki"``, call ``nki.simulate`` at module level). ``base``: where to look (default
+    nki-samples' tutorials); ``dialect="nki"``: only scripts that import the current ``nki``."""
+    base = base or os.path.join(root, "src", "nki_samples", "tutorials")
     out = []
     for d, _, files in sorted(os.walk(base)):
         for f in sorted(files):
@@ -927,22 +941,30 @@ def tutorial_scripts(root: str) -> list:
                     mods.update(a.name.split(".")[0] for a in node.names)
                 elif isinstance(node, ast.ImportFrom) and node.module:
                     mods.add(node.module.split(".")[0])
-            if mods & set(NO_TORCH_JAX) or "__main__" not in src:
+            if mods & set(NO_TORCH_JAX):
+                continue
+            if dialect == "nki":
+                if "nki" not in mods or "neuronxcc" in mods or \
+                        ("__main__" not in src and "nki.simulate(" not in src):
+                    continue
+            elif "__main__" not in src:
                 continue
             out.append(path)
     return out
 
 
-def tutorials(root: str, args) -> dict:
+def tutorials(root: str, args, base: str | None = None, dialect: str | None = None,
+              pythonpath: str | None = None) -> dict:
     results = {}
     plug = _plugin_dir()
-    for path in tutorial_scripts(root):
-        key = os.path.relpath(path, os.path.join(root, "src", "nki_samples", "tutorials"))
+    base = base or os.path.join(root, "src", "nki_samples", "tutorials")
+    for path in tutorial_scripts(root, base, dialect):
+        key = os.path.relpath(path, base)
         r = results.setdefault(key, FileResult(key))
         cmd = [sys.executable, "-m", "nkisim.cli", "run", path]
         try:
             proc = subprocess.run(cmd, cwd=os.path.dirname(path),
-                                  env=_env([os.path.join(root, "src"), plug]),
+                                  env=_env([pythonpath or os.path.join(root, "src"), plug]),
                                   capture_output=True, text=True, timeout=args.timeout)
             ok, out = proc.returncode == 0, proc.stdout + proc.stderr
         except subprocess.TimeoutExpired:
@@ -952,6 +974,19 @@ def tutorials(root: str, args) -> dict:
         else:
             r.failed += 1
             r.errors.append(("script", _error_line(out)))
+    return results
+
+
+def sdk_examples(root: str, args) -> dict:
+    """aws-neuron-sdk at SDK 2.32 (NKI 0.6.0) or later: the `import nki` example scripts under
+    nki/examples that import neither torch nor jax and run something (``__main__`` or a
+    module-level ``nki.simulate``), each as ``nkisim run SCRIPT`` from its directory (they check
+    their own results: e.g. fused_mamba compares its v2 and v3 kernels with v1, average_pool2d
+    and transpose2d with NumPy), then the matmul example kernels, which only torch scripts
+    drive, against NumPy as for nki-samples HEAD (HEAD_KERNELS)."""
+    base = os.path.join(root, "nki", "examples")
+    results = tutorials(root, args, base=base, dialect="nki", pythonpath=base)
+    results.update(nki_samples_head_kernels(root, args, base=base))
     return results
 
 
@@ -1001,6 +1036,9 @@ def main(argv=None) -> int:
     p.add_argument("--nki-samples-head", metavar="DIR",
                    help="aws-neuron/nki-samples at HEAD (current nki dialect era)")
     p.add_argument("--nki-library", metavar="DIR", help="aws-neuron/nki-library")
+    p.add_argument("--sdk-examples", metavar="DIR",
+                   help="aws-neuron/aws-neuron-sdk at SDK 2.32 (a3247f5b) or later: its "
+                        "`import nki` examples")
     p.add_argument("--tutorials", action=argparse.BooleanOptionalAction, default=True,
                    help="also run the nki-samples tutorial scripts (default: yes)")
     p.add_argument("--timeout", type=float, default=3600,
@@ -1027,7 +1065,7 @@ def main(argv=None) -> int:
                         "slow test costs only itself, not its file's whole process")
     args = p.parse_args(argv)
     args.pytest_args = ["-k", args.select] if args.select else []
-    corpora = ("nki_samples", "sdk", "nki_samples_head", "nki_library")
+    corpora = ("nki_samples", "sdk", "nki_samples_head", "nki_library", "sdk_examples")
     if not any(getattr(args, opt) for opt in corpora):
         print(HOW_TO_GET)
         return 0
@@ -1046,6 +1084,9 @@ def main(argv=None) -> int:
          nki_samples_head_tests),
         ("nki-library", args.nki_library, "nki-library test/integration --test-mode simulation",
          nki_library_tests),
+        ("sdk-examples", args.sdk_examples,
+         "aws-neuron-sdk nki/examples (`import nki`, no torch/jax) and its matmul kernels vs "
+         "NumPy", sdk_examples),
     ]
     parts = []
     for label, root, title, run in runs:

@@ -138,6 +138,10 @@ class Rules:
     # activation's reduce_op: "NC-v2 reduce op must be add" (Beta 1, reference §1.10); nki 0.3+:
     # "`reduce_op` must be `nl.add`" on every target (nki-current §2.4, STUB-R32).
     activation_reduce_add_only: bool = False
+    # nl.expand_dims: Beta 1 "currently only supports expanding dimensions after the last index
+    # of the tile" (its docstring, aws-neuron-sdk 1db4d74e); the 0.3+ docstring (STUB-R32)
+    # inserts the axis "at the axis position" with no such limit.
+    expand_dims_last_only: bool = True
 
 
 BETA1 = Rules()
@@ -180,6 +184,7 @@ class Run:
     taint: object = None                              # uninitialized values read by the current
     #                                                   instruction (nkisim.tensor.read/write)
     rng: object = None                                # nl.rand / dropout generator (nl._rng)
+    no_reorder: int = 0                               # depth of `with nl.no_reorder():`
     vector_acc: dict = field(default_factory=dict)    # VectorE accumulators (isa._accumulate)
     rules: Rules = BETA1                              # the launching face's language rules
     # (shape, dtype, buffer, nl api) -> tensor._TileSpec: tile shapes validated (issue 12)

@@ -127,7 +127,7 @@ _ACT = {}
 for _name in ("copy", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu",
               "gelu_apprx_tanh", "silu", "erf", "softplus", "mish", "square", "abs", "sign",
               "sin", "arctan", "reciprocal", "negative", "gelu_apprx_sigmoid",
-              "gelu_apprx_sigmoid_dx", "silu_dx", "gelu_dx"):
+              "gelu_apprx_sigmoid_dx", "silu_dx", "gelu_dx", "erf_dx"):
     if hasattr(nl, _name):
         _ACT[getattr(nl, _name)] = _name
 _ACT.update({np.copy: "copy", np.exp: "exp", np.log: "log", np.sqrt: "sqrt", np.tanh: "tanh",

@@ -16,7 +16,7 @@ import numpy as np
 from . import context, dtypes, engines
 from .errors import nki_error, shape_str
 from .ops import _detail, _mask, _tile, _tile_shape, _tile_vals, apply_binary, copy
-from .tensor import Tensor, _free, _partitions, fit, read, region, sbuf, values, write
+from .tensor import Tensor, _free, _partitions, allocate, fit, read, region, sbuf, values, write
 from .trace import DMA, VECTOR
 
 _SUBSCRIPT_RE = re.compile(r"^\s*[A-Za-z_][\w.]*\s*\[.*\]\s*=(?!=)")
@@ -102,6 +102,66 @@ def dropout(x, rate, *, dtype=None, mask=None, **kwargs):
     of the input tile given a probability rate"; nki-samples reference/attention.py rescales by
     1 / (1 - p) itself)."""
     return engines.dropout(x, rate, dtype=dtype, mask=mask)
+
+
+def rms_norm(x, w, axis, n, epsilon=1e-06, *, dtype=None, compute_dtype=None, mask=None,
+             **kwargs):
+    """``nl.rms_norm(x, w, axis, n, epsilon)``: ``x / RMS(x) * w`` (Beta 1 and 0.3+ docstrings),
+    RMS over ``axis`` with ``n`` "the total number of values to calculate rms":
+    ``RMS(x) = sqrt(sum(x**2, axis) / n + epsilon)`` (epsilon "to avoid divide-by-zero", added
+    to the mean square as in the usual RMSNorm). ``w`` broadcasts against ``x``. "Currently
+    dtype and compute_dtype behave the same, both set internal compute and return dtype"
+    (Beta 1 docstring): the result has ``dtype or compute_dtype or x.dtype``; the engines compute
+    in fp32. No document gives the lowering; it is costed as the instructions it takes:
+    ScalarE ``activation(square)`` reducing into the sum of squares, ScalarE ``rsqrt`` with
+    scale 1/n and bias epsilon on that column, VectorE ``x * rstd * w``."""
+    from .ops import reduce_axes, result_tile
+    from .trace import SCALAR
+    run = context.current()
+    api = "rms_norm"
+    t = _tile(x, api, "x")
+    wt = _tile(w, api, "w") if isinstance(w, Tensor) else None
+    if wt is None:
+        raise nki_error("nkisim_invalid_argument", api=f"nl.{api}",
+                        why=f"w must be a tile, got {type(w).__name__}")
+    axes = reduce_axes(t, axis, f"nl.{api}")
+    try:
+        n = float(n)
+    except (TypeError, ValueError):
+        raise nki_error("nkisim_invalid_argument", api=f"nl.{api}",
+                        why=f"n must be a number, got {n!r}") from None
+    if n <= 0:
+        raise nki_error("nkisim_invalid_argument", api=f"nl.{api}",
+                        why=f"n (the count of values in the mean square) must be > 0, got {n:g}")
+    xv = _tile_vals(t, api, run)
+    wv = _tile_vals(wt, api, run)
+    shape = _tile_shape(t)
+    try:
+        if np.broadcast_shapes(wv.shape, shape) != shape:
+            raise ValueError
+    except ValueError:
+        raise nki_error("nkisim_shape_mismatch", params=f"x{shape_str(t.shape)}, "
+                        f"w{shape_str(wt.shape)}", api=f"nl.{api}",
+                        why="w must broadcast to the shape of x") from None
+    with np.errstate(all="ignore"):
+        ss = np.sum(np.square(xv), axis=axes, keepdims=True, dtype=np.float32)
+        rstd = (np.float32(1.0) / np.sqrt(ss / np.float32(n) + np.float32(epsilon))
+                ).astype(np.float32)
+        out = (xv * rstd * wv).astype(np.float32)
+    # the two ScalarE steps write fp32 SBUF columns the final multiply reads (their own tiles,
+    # so the schedule orders the three instructions as the data does)
+    sst = allocate(ss.shape, np.float32, sbuf, "", None, api, False, None, run)
+    write(sst, ss, api, run=run)
+    run.record("activation", SCALAR, (region(t),), (region(sst),), "float32", _partitions(t),
+               _free(t), dict(_detail(t), func="square", reduce="add"))
+    rst = allocate(ss.shape, np.float32, sbuf, "", None, api, False, None, run)
+    write(rst, rstd, api, run=run)
+    run.record("activation", SCALAR, (region(sst),), (region(rst),), "float32",
+               _partitions(sst), _free(sst), dict(_detail(sst), func="rsqrt"))
+    d = _detail(t, rst, wt, inputs=2)
+    d["alu"] = "multiply"
+    return result_tile(run, shape, dtype or compute_dtype or t.dtype, out, "tensor_tensor",
+                       VECTOR, (t, rst, wt), d, mask=_mask(mask, shape))
 
 
 def atomic_rmw(dst, value, op, *, mask=None, **kwargs):

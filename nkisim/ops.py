@@ -720,7 +720,7 @@ def copy(src, *, mask=None, dtype=None, buffer=None, **kwargs):
                        d, buffer=buf, mask=_mask(mask, x.shape))
 
 
-def broadcast_to(src, *, shape, **kwargs):
+def broadcast_to(src, *, shape, dtype=None, **kwargs):
     run = context.current()
     x = _tile(src, "broadcast_to", "src")
     shape = tuple(int(s) for s in shape)
@@ -739,7 +739,38 @@ def broadcast_to(src, *, shape, **kwargs):
     if engine == TENSOR:
         detail.update(K=xs[0], M=shape[0], N=math.prod(shape[1:]), accumulate=False,
                       transpose=False, fp32=x.dtype.itemsize == 4, flops=0)
-    return result_tile(run, shape, x.dtype, out, "broadcast_to", engine, (x,), detail)
+    return result_tile(run, shape, dtype or x.dtype, out, "broadcast_to", engine, (x,), detail)
+
+
+def expand_dims(data, axis):
+    """``nl.expand_dims(data, axis)``: a view of ``data`` with a size-1 axis inserted at each
+    ``axis`` (numpy.expand_dims positions), never the partition dimension (0). Beta 1 "currently
+    only supports expanding dimensions after the last index of the tile" (its docstring); the
+    0.3+ docstring states no such limit (``run.rules.expand_dims_last_only``)."""
+    run = context.current()
+    api = "expand_dims"
+    x = _tile(data, api, "data")
+    axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+    nd = len(x.shape) + len(axes)
+    try:
+        pos = sorted(int(a) + nd if int(a) < 0 else int(a) for a in axes)
+    except TypeError:
+        raise nki_error("nkisim_invalid_argument", api=f"nl.{api}",
+                        why=f"axis must be an int or a tuple of ints, got {axis!r}") from None
+    if len(set(pos)) != len(pos) or not builtins.all(0 <= a < nd for a in pos):
+        raise nki_error("nkisim_invalid_argument", api=f"nl.{api}",
+                        why=f"axis {axis!r} is out of range for a {nd}-D result")
+    if pos[0] == 0:
+        raise nki_error("nkisim_invalid_argument", api=f"nl.{api}",
+                        why="the new axis cannot be the partition dimension (0)")
+    if run.rules.expand_dims_last_only and pos != list(range(len(x.shape), nd)):
+        raise nki_error("nkisim_invalid_argument", api=f"nl.{api}",
+                        why=f"axis {axis!r}: Beta 1 only inserts axes after the last index "
+                            f"of the tile ({len(x.shape)} and up for a {len(x.shape)}-D tile)")
+    out = x
+    for a in pos:
+        out = out.expand_dims(a)
+    return out
 
 
 def device_print(prefix, x, *, mask=None, **kwargs):
@@ -970,6 +1001,9 @@ _UNARY_FN = {
     "silu_dx": lambda x: _sig(x) * (1.0 + x * (1.0 - _sig(x))),
     "gelu_dx": lambda x: 0.5 * (1.0 + _erf(x / np.sqrt(2.0))) +
     x * np.exp(-0.5 * x * x) / np.sqrt(2.0 * np.pi),
+    # nl.erf_dx, "Derivative of the Error function (erf)" (Beta 1 and 0.3+ docstrings):
+    # d/dx erf(x) = 2 / sqrt(pi) * exp(-x^2)
+    "erf_dx": lambda x: (2.0 / np.sqrt(np.pi)) * np.exp(-x * x),
 }
 
 
@@ -1034,6 +1068,7 @@ gelu_apprx_sigmoid = _make_unary("gelu_apprx_sigmoid")
 gelu_apprx_sigmoid_dx = _make_unary("gelu_apprx_sigmoid_dx")
 silu_dx = _make_unary("silu_dx")
 gelu_dx = _make_unary("gelu_dx")
+erf_dx = _make_unary("erf_dx")
 floor = _make_unary("floor")
 ceil = _make_unary("ceil")
 sin = _make_unary("sin")
@@ -1231,7 +1266,6 @@ def _unsupported(name):
 
 
 all_reduce = _unsupported("all_reduce")
-rms_norm = _unsupported("rms_norm")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1317,7 +1351,7 @@ def random_seed(seed, *, mask=None, **kwargs):
     run.record("random_seed", VECTOR, reads, (), "uint32", 1, 1, {"inputs": len(reads)})
 
 
-def rand(shape, dtype=np.float32, **kwargs):
+def rand(shape, dtype=np.float32, *, buffer=None, name="", **kwargs):
     """``nl.rand(shape, dtype)``: a new SBUF tile of uniform random values in [0, 1) (docstring:
     "sampled from a uniform distribution between 0 and 1"). Recorded on VectorE, the engine of
     the hardware RNG's documented user ``nisa.dropout``."""
@@ -1328,7 +1362,8 @@ def rand(shape, dtype=np.float32, **kwargs):
     if shape[0] > run.arch.pmax:
         raise nki_error("err_num_partition_exceed_arch_limit", n=shape[0], limit=run.arch.pmax)
     vals = _rng(run).random(shape, dtype=np.float32)
-    return result_tile(run, shape, dtype, vals, "rand", VECTOR, (), {"inputs": 0})
+    return result_tile(run, shape, dtype, vals, "rand", VECTOR, (), {"inputs": 0},
+                       buffer=buffer or sbuf, name=name or None)
 
 
 

@@ -52,7 +52,8 @@ def rules() -> _context.Rules:
         # nl.copy: 0.3-0.5 ScalarE activation(copy), result in the source's buffer; 0.6.0 VectorE
         # tensor_copy, "result always in SBUF" (STUB-R29 vs STUB-R32, RN 2.32; spec §2.3)
         copy_same_buffer=not _version.at_least(0, 6),
-        view_primitives=_version.at_least(0, 5), activation_reduce_add_only=True)
+        view_primitives=_version.at_least(0, 5), activation_reduce_add_only=True,
+        expand_dims_last_only=False)
 
 
 # ---------------------------------------------------------------------------------------------

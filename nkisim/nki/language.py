@@ -23,7 +23,9 @@ from .. import context, dtypes
 from .. import ops as _ops
 from ..errors import nki_error
 from ..indexing import DynSlice, whole
+from ..lowering import dropout as _dropout
 from ..lowering import matmul as _matmul
+from ..lowering import rms_norm as _rms_norm
 from ..lowering import transpose as _transpose
 
 # ---------------------------------------------------------------------------------------------
@@ -41,6 +43,7 @@ from ..ops import (  # noqa: E402,F401
     divide,
     equal,
     erf,
+    erf_dx,
     exp,
     floor,
     fmod,
@@ -230,6 +233,25 @@ def is_hbm(buffer) -> bool:
 
 def is_on_chip(buffer) -> bool:
     return is_sbuf(buffer) or is_psum(buffer)
+
+
+class _MemoryRegionType(type):
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, Buffer) and obj.kind in ("sbuf", "psum", "hbm")
+
+    def __iter__(cls):
+        return iter((cls.sbuf, cls.psum, cls.private_hbm, cls.shared_hbm))
+
+
+class MemoryRegion(metaclass=_MemoryRegionType):
+    """``nl.MemoryRegion`` (0.3.0 stubs: an Enum of ``sbuf``, ``psum``, ``private_hbm``,
+    ``shared_hbm``): its members are the buffer objects ``nl.sbuf`` etc., so
+    ``buffer=nl.MemoryRegion.sbuf`` and ``isinstance(nl.psum, nl.MemoryRegion)`` work."""
+
+    sbuf = sbuf
+    psum = psum
+    private_hbm = private_hbm
+    shared_hbm = shared_hbm
 
 
 def _check_buffer(buffer, api) -> Buffer:
@@ -480,6 +502,7 @@ def fori_loop(lower, upper, body_fun, step=1):
     ``i`` in ``range(lower, upper, step)``, in order (a run-time loop on the device; nkisim runs
     it eagerly). Bounds may be registers."""
     _need(0, 6, "fori_loop")
+    _not_in_no_reorder("nl.fori_loop")
     lo = _int_value(lower, "nl.fori_loop")
     hi = _int_value(upper, "nl.fori_loop")
     st = _int_value(step, "nl.fori_loop")
@@ -498,6 +521,7 @@ def while_loop(init, body_fun):
     register the body updates). The stub's exact contract is not in the spec: this is nkisim's
     reading of the signature."""
     _need(0, 6, "while_loop")
+    _not_in_no_reorder("nl.while_loop")
     cond = init
     takes_arg = _n_positional(body_fun) >= 1
     for _ in _ops._loop("sequential", (0, 1 << 62), int):
@@ -582,6 +606,122 @@ def softmax(x, axis, dtype=None):
     return _ops.softmax(x, axis, dtype=dtype)
 
 
+# The rest of the 0.3.0 wrappers (aws-neuron-sdk 03323f7a, SDK 2.29, nki/api/nki/language/
+# __init__.py; unchanged through 0.6.0's a3247f5b), in their current signatures.
+
+def all(x, axis, dtype=None):  # noqa: A001 - NKI's name
+    """Logical AND over the last free axes; the result has ``x``'s dtype unless ``dtype`` is
+    given ("if not specified, it will default to be the same as the data type of the input
+    tile"; Beta 1's ``nl.all`` defaulted to bool)."""
+    return _ops.all(x, axis, dtype=dtype if dtype is not None else getattr(x, "dtype", None))
+
+
+def broadcast_to(x, shape, dtype=None):
+    """``x`` (SBUF or PSUM) broadcast to ``shape``, which "must have the same rank as x"; "if
+    x.shape is already the same as shape, returns x unchanged (or a dtype-cast copy if dtype
+    differs)". A partition broadcast is a TensorE matmul with ones (ref §1.8)."""
+    shape = _shape(shape, "nl.broadcast_to")
+    if isinstance(x, Tensor):
+        if len(shape) != len(x.shape):
+            raise nki_error("nkisim_shape_mismatch", params=f"x{list(x.shape)}",
+                            api="nl.broadcast_to",
+                            why=f"the target shape {list(shape)} must have the same rank as x")
+        if shape == x.shape:
+            if dtype is None or np.dtype(dtype) == x.dtype:
+                return x
+            return _ops.copy(x, dtype=dtype)
+    return _ops.broadcast_to(x, shape=shape, dtype=dtype)
+
+
+def dropout(x, rate, dtype=None):
+    """Zero each element of ``x`` with probability ``rate`` (a scalar or a (P, 1) tile); no
+    rescaling. nkisim's random stream is NumPy's, not the device's bits."""
+    return _dropout(x, rate, dtype=dtype)
+
+
+def expand_dims(x, axis):
+    """A view of ``x`` with a size-1 axis at ``axis`` (any free position in 0.3+)."""
+    return _ops.expand_dims(x, axis)
+
+
+def gather_flattened(data, indices, axis=0, dtype=None):
+    """Per partition, the elements of ``data``'s flattened free dims at ``indices``. The
+    docstring does not say what another ``axis`` than the default 0 selects, so only 0 is
+    taken (anything else is an error, never a guess)."""
+    if axis != 0:
+        raise nki_error("nkisim_unsupported", what=f"nl.gather_flattened(axis={axis!r})",
+                        why="the docs define only the default axis=0 (gather along the "
+                            "flattened free dimensions of each partition)")
+    return _ops.gather_flattened(data, indices, dtype=dtype)
+
+
+def load_transpose2d(src, dtype=None):
+    """HBM [F, P] -> a new SBUF tile [P, F], transposed by the DMA."""
+    return _ops.load_transpose2d(src, dtype=dtype)
+
+
+def rand(shape, dtype, buffer=sbuf, name=""):
+    """A new tensor of uniform random values in [0, 1) (NumPy's stream, not the device's)."""
+    return _ops.rand(_shape(shape, "nl.rand"), dtype, buffer=_check_buffer(buffer, "nl.rand"),
+                     name=name)
+
+
+def random_seed(seed):
+    """Seed ``nl.rand``/``nl.dropout``: "a [1,1] tensor on SBUF or PSUM with a 32-bit seed
+    value"; the same seed gives the same values."""
+    return _ops.random_seed(seed)
+
+
+def rms_norm(x, w, axis, n, epsilon=1e-06, dtype=None, compute_dtype=None):
+    """``x / RMS(x) * w`` over ``axis``, ``n`` the count of values (nkisim.lowering.rms_norm)."""
+    return _rms_norm(x, w, axis, n, epsilon, dtype=dtype, compute_dtype=compute_dtype)
+
+
+class no_reorder:
+    """``with nl.no_reorder():`` keeps the instructions of the block in program order on the
+    device. nkisim runs every instruction in program order anyway, so values are the same; the
+    latency estimate does not model the constraint. "Register-based dynamic loops
+    (nl.fori_loop, nl.while_loop) are not supported inside a no_reorder block" (0.6.0
+    docstring): they are an error there."""
+
+    def __enter__(self):
+        run = context.current()
+        run.no_reorder += 1
+        return self
+
+    def __exit__(self, *exc):
+        run = context.maybe_current()
+        if run is not None and run.no_reorder:
+            run.no_reorder -= 1
+        return False
+
+
+def _not_in_no_reorder(api):
+    run = context.maybe_current()
+    if run is not None and run.no_reorder:
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why="register-based dynamic loops are not supported inside a "
+                            "`with nl.no_reorder():` block (nl.no_reorder docstring)")
+
+
+# 0.4.0 (aws-neuron-sdk 3afa0fdf, SDK 2.30): element-wise abs_max / abs_min, "available only
+# on NeuronCore-v4 (trn3) and newer": nkisim simulates trn1 and trn2, where they are an error.
+
+def _nc_v4_only(name):
+    def fn(x, y, dtype=None):
+        _need(0, 4, name)
+        run = context.current()
+        raise nki_error("nkisim_invalid_argument", api=f"nl.{name}",
+                        why=f"available only on NeuronCore-v4 (trn3) and newer, not on "
+                            f"{run.arch.name}")
+    fn.__name__ = fn.__qualname__ = name
+    return fn
+
+
+abs_max = _nc_v4_only("abs_max")
+abs_min = _nc_v4_only("abs_min")
+
+
 def device_print(print_prefix, tensor):
     """Print ``tensor`` with ``print_prefix`` to stdout, as the simulator does (SIM; on a device
     it goes to $NEURON_RT_DEBUG_OUTPUT_DIR). The prefix must be a string."""
@@ -592,6 +732,6 @@ def device_print(print_prefix, tensor):
     return _ops.device_print(print_prefix, tensor)
 
 
-# `x: nl.tensor` annotations in nki-library docstrings/signatures
-tensor = Tensor
+# `x: nl.tensor` annotations in nki-library docstrings/signatures; `nl.NkiTensor` (0.3.0 stubs)
+tensor = NkiTensor = Tensor
 
