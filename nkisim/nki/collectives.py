@@ -30,7 +30,8 @@ def _not_simulated(name):
 
 for _name in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_all_v",
               "all_gather_v", "collective_permute", "collective_permute_implicit",
-              "collective_permute_implicit_current_processing_rank_id", "rank_id",
+              "collective_permute_implicit_current_processing_rank_id",
+              "collective_permute_implicit_reduce", "rank_id",
               "send", "recv"):
     globals()[_name] = _not_simulated(_name)
 del _name

@@ -347,3 +347,17 @@ def test_abs_max_is_nc_v4_only_and_new_in_0_4(monkeypatch):
     monkeypatch.setenv("NKISIM_NKI_VERSION", "0.6")
     with pytest.raises(ValueError, match="NeuronCore-v4"):
         run(body, x)
+
+
+# nki.collectives at 0.6.0 (a3247f5b nki/api/nki/collectives/__init__.py): every function it
+# documents imports and says it is not simulated (nor by AWS's CPU simulator)
+STUB_COLLECTIVES = """all_reduce all_gather all_gather_v reduce_scatter all_to_all all_to_all_v
+collective_permute collective_permute_implicit collective_permute_implicit_reduce
+collective_permute_implicit_current_processing_rank_id rank_id""".split()
+
+
+@pytest.mark.parametrize("name", STUB_COLLECTIVES)
+def test_every_documented_collective_is_named_and_not_simulated(name):
+    from nkisim.nki import collectives
+    with pytest.raises(NotImplementedError, match="not simulated"):
+        getattr(collectives, name)()
