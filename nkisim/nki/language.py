@@ -355,28 +355,44 @@ def full(shape, fill_value, dtype, buffer=sbuf, name=""):
     return _ops.full(_shape(shape, "nl.full"), fill_value, dtype, buffer=buffer, name=name)
 
 
-def zeros_like(a, dtype=None, buffer=sbuf, name=""):
-    return zeros(a.shape, dtype or a.dtype, buffer=buffer, name=name)
+def zeros_like(x, dtype=None, buffer=None, name=""):
+    """Zeros of ``x``'s shape (and dtype, unless given) in ``buffer``, "defaults to sbuf"
+    (STUB-R32 zeros_like)."""
+    return zeros(x.shape, dtype or x.dtype, buffer=sbuf if buffer is None else buffer, name=name)
+
+
+def empty_like(x, dtype=None, buffer=None, name=""):
+    """A new tensor of ``x``'s shape; dtype and buffer "default: same as x" (STUB-R32
+    empty_like)."""
+    return ndarray(x.shape, dtype or x.dtype, buffer=x.buffer if buffer is None else buffer,
+                   name=name)
 
 
 def ndarray_like(a, dtype=None, buffer=sbuf, name=""):
     return ndarray(a.shape, dtype or a.dtype, buffer=buffer, name=name)
 
-
-empty_like = ndarray_like
-
 shared_constant = _ops.shared_constant
 
 
-def shared_identity_matrix(n, dtype=uint8):
+def shared_identity_matrix(n, dtype=uint8, dst=None):
     """An ``(n, n)`` identity matrix in SBUF. nki-library's kernels (AWS-tested on device) use
     the result as an on-chip operand: ``identity_sb = nl.shared_identity_matrix(d_head, ...)``
     then ``identity_sb.ap(...)`` as a tensor_copy source (core/embeddings/rope.py) and as a
-    matmul operand (moe_tkg/all_expert_impl.py). The constant reaches SBUF by a DMA."""
+    matmul operand (moe_tkg/all_expert_impl.py). The constant reaches SBUF by a DMA. ``dst``
+    (in the 0.6.0 signature, undocumented): an (n, n) SBUF tensor to put it in, returned."""
     n = int(n)
     hbm_const = _ops.shared_identity_matrix(n, dtype=dtype)
-    t = _allocate((n, n), hbm_const.dtype, buffer=sbuf, name="identity",
-                  api="nl.shared_identity_matrix")
+    if dst is not None:
+        if not isinstance(dst, Tensor) or dst.root.buffer != "sbuf" or \
+                tuple(dst.shape) != (n, n):
+            raise nki_error("nkisim_invalid_argument", api="nl.shared_identity_matrix",
+                            why=f"dst must be an ({n}, {n}) SBUF tensor, got "
+                                f"{getattr(dst, 'shape', dst)!r} in "
+                                f"{getattr(getattr(dst, 'root', None), 'buffer', '?')}")
+        t = dst
+    else:
+        t = _allocate((n, n), hbm_const.dtype, buffer=sbuf, name="identity",
+                      api="nl.shared_identity_matrix")
     run = context.current()
     _ops._dma(t, hbm_const, _ops.read(hbm_const, "shared_identity_matrix", run),
               "shared_identity_matrix", run)

@@ -361,3 +361,36 @@ def test_every_documented_collective_is_named_and_not_simulated(name):
     from nkisim.nki import collectives
     with pytest.raises(NotImplementedError, match="not simulated"):
         getattr(collectives, name)()
+
+
+def test_like_constructors_follow_the_0_6_signatures():
+    # STUB-R32: zeros_like(x, dtype=None, buffer=None, name='') "defaults to sbuf";
+    # empty_like(x, ...): dtype and buffer "default: same as x"
+    seen = {}
+
+    def body(a):
+        p = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.psum)
+        z = nl.zeros_like(x=p, dtype=nl.bfloat16)
+        e = nl.empty_like(p)
+        seen["z"] = (z.buffer.kind, z.dtype, z.shape)
+        seen["e"] = (e.buffer.kind, e.dtype, e.shape)
+        return None
+    run(body, rand((1, 1)))
+    assert seen == {"z": ("sbuf", nl.bfloat16, (128, 8)), "e": ("psum", np.float32, (128, 8))}
+
+
+def test_shared_identity_matrix_into_dst():
+    def body(a):
+        ident = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.sbuf)
+        r = nl.shared_identity_matrix(64, dtype=nl.float32, dst=ident)
+        assert r is ident
+        out = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, ident)
+        return out
+    np.testing.assert_array_equal(run(body, rand((1, 1))), np.eye(64, dtype=np.float32))
+
+    def bad(a):
+        nl.shared_identity_matrix(64, dst=nl.ndarray((64, 32), dtype=nl.uint8, buffer=nl.sbuf))
+        return None
+    with pytest.raises(ValueError, match=r"dst must be an \(64, 64\) SBUF tensor"):
+        run(bad, rand((1, 1)))
