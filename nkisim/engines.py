@@ -750,6 +750,8 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     detail = {"K": K, "M": M, "N": N, "accumulate": False, "transpose": bool(is_transpose),
               "fp32": fp32, "flops": 0 if is_transpose else 2 * K * M * N,
               "dtype_in": dtypes.name(st.dtype)}
+    if tile_position:           # PE tiling: the (row, col, rows, cols) tile (nkisim.schedule)
+        detail["pe_tile"] = tuple(int(v) for v in tuple(tile_position) + tuple(tile_size))
     shape = (M, bv.shape[1]) if bv.ndim == 2 else (M,) + ms[1:]
     if LAZY_RESULTS and mask is None and run.taint is None and (
             _defer or (caller is not None and _iadd_follows(caller))):

@@ -473,6 +473,61 @@ class Schedule:
         return "\n".join(lines)
 
 
+# PE tiling (ref §1.10 nc_matmul; aws-neuron-sdk nki.isa.nc_matmul docstring: "the Tensor Engine
+# allows PE tiling, i.e., multiple small nc_matmul instructions to execute in parallel on the
+# PE array, to improve compute throughput"; tile_position and tile_size are multiples of 32).
+# The 128x128 array is modelled as 4x4 cells of 32x32 PEs: a matmul holds the cells of its
+# tile (all 16 without tile_position) for its MultiplyMoving time, and matmuls whose cells are
+# disjoint overlap. Instructions still issue in order (a later one never starts before an
+# earlier one). No document gives the timing of concurrent tiles beyond "in parallel"; each
+# keeps the cost of its own shape.
+_PE_CELL = 32
+_PE_CELLS = 16
+_PE_ALL = tuple(range(_PE_CELLS))
+
+
+def _pe_cells(tile) -> tuple:
+    """The 32x32 cells (row-major indices of the 4x4 grid) a (row, col, rows, cols) PE tile
+    covers; the whole array for None."""
+    if not tile:
+        return _PE_ALL
+    r, c, rows, cols = (int(v) // _PE_CELL for v in tile)
+    return tuple(i * 4 + j for i in range(r, min(4, r + rows)) for j in range(c, min(4, c + cols)))
+
+
+def _pe_book(cells, dep, dur, ls, reorder, pools, free, issue):
+    """Start and duration of a TensorE instruction on ``cells``: the earliest time at or after
+    ``dep`` (and, in trace order, the previous TensorE start) when every cell is free for
+    ``dur``; LoadStationary (``ls``) is hidden only behind a matmul that ends just then on the
+    same cells. Books the cells."""
+    if reorder:
+        s = dep
+        for _ in range(64):
+            s2 = max(pools[c]._earliest(s, dur) for c in cells)
+            if s2 == s:
+                break
+            s = s2
+        if not any(_busy_before(pools[c], s) for c in cells):
+            dur += ls
+            for _ in range(64):
+                s2 = max(pools[c]._earliest(s, dur) for c in cells)
+                if s2 == s:
+                    break
+                s = s2
+        for c in cells:
+            pools[c]._insert(s, dur)
+    else:
+        ef = max(free[c] for c in cells)
+        if issue > ef:
+            ef = issue
+        if dep > ef or not any(free[c] >= ef - 1e-6 and free[c] > 0.0 for c in cells):
+            dur += ls
+        s = dep if dep > ef else ef
+        for c in cells:
+            free[c] = s + dur
+    return s, dur
+
+
 def _busy_before(pool: _DmaPool, t: float) -> bool:
     """Is ``pool`` busy right up to ``t`` (an instruction ending at ``t``)?"""
     j = bisect_left(pool.ends, t - 1e-6)
@@ -641,6 +696,13 @@ def schedule(trace: Trace, arch: Arch | str | None = None,
     reorder = not (trace.compiler or {}).get("skip_middle_end_transformations")
     epools = {e: _DmaPool() for e in COMPUTE_ENGINES}
     rename = renamer.regions
+    # PE tiling: matmuls on disjoint tiles of the PE array run at the same time (_pe_cells).
+    # Only a trace with a tiled matmul pays for the per-cell bookkeeping.
+    pe_tiled = any(ins.engine == TENSOR and ins.detail.get("pe_tile") for ins in instrs)
+    if pe_tiled:
+        cell_pools = [_DmaPool() for _ in range(_PE_CELLS)]
+        cell_free = [0.0] * _PE_CELLS
+        pe_issue = 0.0                        # the last TensorE start (in-order issue)
 
     for i in range(n):
         ins = instrs[i]
@@ -771,7 +833,14 @@ def schedule(trace: Trace, arch: Arch | str | None = None,
                         cyc *= fp32_factor
                         ls *= FP32_DOC_FACTOR
                 dur = cyc / tensor_ghz
-                if reorder:
+                if pe_tiled:
+                    cells = _pe_cells(d.get("pe_tile"))
+                    s, dur = _pe_book(cells, dep, dur, ls / tensor_ghz, reorder, cell_pools,
+                                      cell_free, pe_issue)
+                    pe_issue = s
+                    # the array's busy time counts the share of it the tile holds
+                    busy_share = dur * len(cells) / _PE_CELLS
+                elif reorder:
                     pe = epools[TENSOR]
                     s = pe._earliest(dep, dur)
                     if not _busy_before(pe, s):    # idle before it: LoadStationary not hidden
@@ -827,7 +896,9 @@ def schedule(trace: Trace, arch: Arch | str | None = None,
                     epools[eng]._insert(s, dur)
                 tt = eo = e + lat.get(eng, 0.0)
             free[eng] = e
-            if eng in busy:
+            if pe_tiled and eng == TENSOR:
+                busy[eng] += busy_share
+            elif eng in busy:
                 busy[eng] += dur
             else:
                 busy[eng] = dur

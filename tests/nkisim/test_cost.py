@@ -558,3 +558,46 @@ def test_a_masked_instruction_is_costed_by_the_elements_its_mask_keeps():
         [("dma_copy", 64, 256), ("activation", 64, 256), ("dma_copy", 64, 256)]
     # each partition's 256 elements are one 1 KiB run of the 2 KiB rows of `a`
     assert ins[0].detail["bytes"] == 64 * 1024 and ins[0].detail["row_bytes"] == 1024
+
+
+def test_pe_tiles_of_a_kernel_are_recorded_and_run_in_parallel():
+    # ref §1.10 nc_matmul (PE tiling: "multiple small nc_matmul instructions to execute in
+    # parallel on the PE array"): two 128x64 column tiles of one product cost what the whole
+    # 128x128 matmul does, not twice as much; the values are the same
+    import neuronxcc.nki as nki
+    import neuronxcc.nki.isa as nisa
+    import neuronxcc.nki.language as nl
+
+    from nkisim.runtime import estimate, last_run
+
+    def make(tiled):
+        @nki.jit
+        def k(a, b):
+            out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+            st = nl.load(a)
+            mv = nl.load(b)
+            ps = nl.zeros((128, 512), dtype=nl.float32, buffer=nl.psum)
+            for _i in nl.affine_range(64):
+                if tiled:
+                    for h in nl.static_range(2):
+                        ps[h * 64:(h + 1) * 64, :] += nisa.nc_matmul(
+                            st[:, h * 64:(h + 1) * 64], mv, tile_position=(0, h * 64),
+                            tile_size=(128, 64))
+                else:
+                    ps += nisa.nc_matmul(st, mv)
+            nl.store(out, nl.copy(ps))
+            return out
+        return k
+
+    rng = np.random.default_rng(5)
+    a, b = rng.random((128, 128)).astype(np.float16), rng.random((128, 512)).astype(np.float16)
+    ref = 64 * (a.astype(np.float64).T @ b)
+    us = {}
+    for tiled in (False, True):
+        np.testing.assert_allclose(make(tiled)(a, b), ref, rtol=1e-5)
+        run = last_run()
+        mms = [i for i in run.trace.instrs if i.op == "nc_matmul"]
+        assert {i.detail.get("pe_tile") for i in mms} == (
+            {(0, 0, 128, 64), (0, 64, 128, 64)} if tiled else {None})
+        us[tiled] = estimate(run)[1]
+    assert us[True] == pytest.approx(us[False], rel=0.05)
