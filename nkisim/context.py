@@ -142,6 +142,9 @@ class Rules:
     # of the tile" (its docstring, aws-neuron-sdk 1db4d74e); the 0.3+ docstring (STUB-R32)
     # inserts the axis "at the axis position" with no such limit.
     expand_dims_last_only: bool = True
+    # The nl wrappers' keywords: Beta 1 takes mask= and **kwargs; nki 0.3+ has no mask= and
+    # unknown keywords raise TypeError from 2.28 (nkisim.ops.keywords_check).
+    strict_keywords: bool = False
 
 
 BETA1 = Rules()

@@ -705,6 +705,8 @@ def load_transpose2d(src, *, mask=None, dtype=None, **kwargs):
 @into_target
 def copy(src, *, mask=None, dtype=None, buffer=None, **kwargs):
     """SBUF/PSUM -> a new SBUF tile (e.g. PSUM evacuation with a cast)."""
+    if mask is not None or kwargs:
+        keywords_check("copy", mask, kwargs)
     run = context.current()
     x = _tile(src, "copy", "src")
     vals = read(x, "copy", run)
@@ -920,8 +922,25 @@ def _binary(name, x, y, dtype, mask):
                        "tensor_scalar", engine, tiles, detail, mask=_mask(mask, shape))
 
 
+def keywords_check(api, mask, kwargs) -> None:
+    """nki 0.3+ wrappers have no ``mask=`` ("no dtype= and no mask= on any ISA op", RN 2.27;
+    the nl wrappers' 0.3.0+ signatures have none either) and, from 2.28, "unknown kwargs raise
+    `unexpected keyword argument`" (spec nki-current §2.0 items 2 and 5): Python's TypeError
+    under that face's rules (``Rules.strict_keywords``). Beta 1's signatures take ``mask=`` and
+    ``**kwargs``. Called only when the op got a mask or an extra keyword."""
+    run = context.maybe_current()
+    if run is None or not run.rules.strict_keywords:
+        return
+    bad = "mask" if mask is not None else sorted(kwargs)[0]
+    raise TypeError(f"nl.{api}() got an unexpected keyword argument '{bad}'" +
+                    (" (NKI 0.2.0 removed mask=: slice the operands to the region instead)"
+                     if bad == "mask" else ""))
+
+
 def _make_binary(name):
     def op(x, y, *, dtype=None, mask=None, **kwargs):
+        if mask is not None or kwargs:
+            keywords_check(name, mask, kwargs)
         return _binary(name, x, y, dtype, mask)
     op.__name__ = op.__qualname__ = name
     op.__doc__ = f"Element-wise ``{name}`` of two tiles (or a tile and a scalar), ref §1.8."
@@ -1040,6 +1059,8 @@ def _unary(name, x, dtype, mask):
 
 def _make_unary(name):
     def op(x, *, dtype=None, mask=None, **kwargs):
+        if mask is not None or kwargs:
+            keywords_check(name, mask, kwargs)
         return _unary(name, x, dtype, mask)
     op.__name__ = op.__qualname__ = name
     op.__doc__ = f"Element-wise ``{name}`` on ScalarE (ref §1.8)."
@@ -1201,6 +1222,8 @@ def _reduce(name, x, axis, dtype, mask, keepdims):
 
 def _make_reduce(name):
     def op(x, axis, *, dtype=None, mask=None, keepdims=False, **kwargs):
+        if mask is not None or kwargs:
+            keywords_check(name, mask, kwargs)
         return _reduce(name, x, axis, dtype, mask, keepdims)
     op.__name__ = op.__qualname__ = name
     op.__doc__ = f"``{name}`` over free axes on VectorE (ref §1.8)."
@@ -1218,6 +1241,8 @@ var = _make_reduce("var")
 
 def where(condition, x, y, *, dtype=None, mask=None, **kwargs):
     """Select ``x`` where ``condition`` else ``y`` (VectorE)."""
+    if mask is not None or kwargs:
+        keywords_check("where", mask, kwargs)
     run = context.current()
     c = _tile(condition, "where", "condition")
     cv = read(c, "where", run).reshape(_tile_shape(c)) != 0
@@ -1246,6 +1271,8 @@ def where(condition, x, y, *, dtype=None, mask=None, **kwargs):
 
 
 def softmax(x, axis, *, dtype=None, mask=None, **kwargs):
+    if mask is not None or kwargs:
+        keywords_check("softmax", mask, kwargs)
     run = context.current()
     t = _tile(x, "softmax", "x")
     axes = reduce_axes(t, axis, "softmax")

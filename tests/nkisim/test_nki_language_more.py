@@ -394,3 +394,28 @@ def test_shared_identity_matrix_into_dst():
         return None
     with pytest.raises(ValueError, match=r"dst must be an \(64, 64\) SBUF tensor"):
         run(bad, rand((1, 1)))
+
+
+@pytest.mark.parametrize("call", [
+    lambda t: nl.add(t, t, mask=True),
+    lambda t: nl.exp(t, mask=True),
+    lambda t: nl.sum(t, axis=1, mask=True),
+    lambda t: nl.copy(t, mask=True),
+    lambda t: nl.where(t, t, t, mask=True),
+    lambda t: nl.multiply(t, t, dtpye=nl.float32),
+])
+def test_nki_wrappers_have_no_mask_and_refuse_unknown_keywords(call):
+    # nki 0.2.0+: no mask= (RN 2.27); from 2.28 "unknown kwargs raise `unexpected keyword
+    # argument`" (spec nki-current §2.0 items 2 and 5)
+    with pytest.raises(TypeError, match="unexpected keyword argument '(mask|dtpye)'"):
+        run(_load_store(call), rand((8, 16)))
+
+
+def test_beta1_wrappers_keep_mask():
+    # Beta 1: add(x, y, *, dtype=None, mask=None, **kwargs) (aws-neuron-sdk 1db4d74e)
+    x = rand((8, 16))
+
+    def f(t):
+        i_f = bnl.arange(16)[None, :]
+        return bnl.add(t, t, mask=(i_f < 16))
+    np.testing.assert_array_equal(run_b1(_load_store(f, face=bnl), x), 2 * x)
