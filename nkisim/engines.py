@@ -99,6 +99,22 @@ def get_nc_version():
     return nc_version(context.current().arch.nc_version)
 
 
+# NeuronCore-vN is nc_version N (nki.isa.nc_version: "gen2 Trn1/Inf2", "gen3 Trn2", "gen4
+# Trn3"); the instance each generation is, for messages
+_NC_INSTANCE = {2: "trn1", 3: "trn2", 4: "trn3"}
+
+
+def require_nc_version(run, api: str, version: int) -> None:
+    """An instruction the docs say is "Available only on NeuronCore-v{version} and newer": an
+    error naming the simulated target on an older one (as range_select's)."""
+    have = run.arch.nc_version
+    if have < version:
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"available only on NeuronCore-v{version} "
+                            f"({_NC_INSTANCE.get(version, 'newer')}) and newer, not on "
+                            f"{run.arch.name} (NeuronCore-v{have})")
+
+
 _ENGINE_NAME = {engine.tensor: TENSOR, engine.vector: VECTOR, engine.scalar: SCALAR,
                 engine.gpsimd: GPSIMD}
 
