@@ -22,13 +22,16 @@ import operator
 
 import numpy as np
 
+from .. import accumulate as _accumulate
 from .. import collectives as _collectives
 from .. import context, dtypes, psum_init
 from .. import dma_compute as _dma_compute
 from .. import engines as _core
 from .. import gather as _gather
 from .. import ops as _ops
+from .. import prng as _prng
 from .. import registers as _registers
+from .. import topk as _topk
 from ..dstform import call_into
 from ..errors import nki_error, shape_str
 from ..memory import TOUCHED
@@ -51,6 +54,7 @@ from ..tensor import (
     values,
     write,
 )
+from . import _version
 from ._version import at_least
 
 # ---------------------------------------------------------------------------------------------
@@ -220,6 +224,13 @@ def get_nc_version() -> nc_version:
         return nc_version(run.arch.nc_version)
     from ..arch import get_arch
     return nc_version(get_arch().nc_version)
+
+
+def get_nc_sub_version() -> int:
+    """The silicon revision within the target's ``nc_version`` (new in the 0.5.0 stubs): "0 —
+    first revision (default)", "1 — second revision". No revision of trn1 or trn2 is documented
+    beyond the first, so 0 on both simulated targets."""
+    return 0
 
 
 class NkiInstruction:
@@ -1136,14 +1147,183 @@ def sendrecv(src, dst, send_to_rank, recv_from_rank, pipe_id, dma_engine=dma_eng
 
 
 # ---------------------------------------------------------------------------------------------
+# accumulating instructions (nkisim.accumulate), top-k (nkisim.topk)
+
+
+def _cmd(value, api):
+    """The core's name of a ``reduce_cmd`` member."""
+    return _enum(reduce_cmd, value, api, "reduce_cmd").name
+
+
+def _onchip_operands(api, **operands):
+    for param, t in operands.items():
+        if isinstance(t, Tensor):
+            _onchip(t, api, param)
+
+
+@_validated
+def tensor_scalar_cumulative(dst, src, op0, op1, imm0, imm1=None,
+                             reduce_cmd=reduce_cmd.reset_reduce, name=None):
+    """Per partition along the free elements: ``reg = op1(op0(src[i], imm0), reg); dst[i] =
+    reg`` on the Vector Engine (nkisim.accumulate), the register reset (``reset_reduce``),
+    kept (``reduce``) or loaded with ``imm1`` (``load_reduce``); ``imm0``/``imm1`` scalars or
+    (P, 1) float32 tiles. In every 0.2+ stub."""
+    api = "tensor_scalar_cumulative"
+    cmd = _cmd(reduce_cmd, api)
+    _onchip(dst, api, "dst")
+    _onchip(src, api, "src")
+    _onchip_operands(api, imm0=imm0, imm1=imm1)
+    _accumulate.tensor_scalar_cumulative(dst, src, _tok(op0), _tok(op1), imm0, imm1,
+                                         reduce_cmd=cmd)
+    return _last(name)
+
+
+@_validated
+def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd=reduce_cmd.idle,
+                reduce_init=0.0, name=None):
+    """``dst = exp(src - max_value)`` on the Vector Engine, optionally adding the results up in
+    its accumulators into ``reduce_res`` (nkisim.accumulate). New in 0.2.0 (RN 2.28);
+    "Available only on NeuronCore-v4 and newer": an error on trn1 and trn2."""
+    api = "exponential"
+    _core.require_nc_version(context.current(), "nki.isa.exponential", 4)
+    cmd = _cmd(reduce_cmd, api)
+    _onchip(dst, api, "dst")
+    _onchip(src, api, "src")
+    _onchip_operands(api, max_value=max_value, reduce_res=reduce_res, reduce_init=reduce_init)
+    _accumulate.exponential(dst, src, max_value=max_value, reduce_res=reduce_res,
+                            reduce_cmd=cmd, reduce_init=reduce_init)
+    return _last(name)
+
+
+@_validated
+def activate2(dst, op, data, imm0, imm1, op0, op1, relu_param=0.0, reverse0=False,
+              reverse1=False, reduce_op=None, reduce_res=None, reduce_cmd=reduce_cmd.idle,
+              name=None):
+    """``dst = op((data <op0> imm0) <op1> imm1)`` on the Scalar Engine with an optional
+    reduction in its accumulators (nkisim.accumulate). New in 0.4.0 (RN 2.30, "activate2
+    (trn3)"); "Available only on NeuronCore-v4 and newer": an error on trn1 and trn2."""
+    api = "activate2"
+    _core.require_nc_version(context.current(), "nki.isa.activate2", 4)
+    cmd = _cmd(reduce_cmd, api)
+    _onchip(dst, api, "dst")
+    _onchip(data, api, "data")
+    _onchip_operands(api, imm0=imm0, imm1=imm1, relu_param=relu_param, reduce_res=reduce_res)
+    _accumulate.activate2(dst, _tok(op), data, imm0, imm1, _tok(op0), _tok(op1),
+                          relu_param=relu_param, reverse0=reverse0, reverse1=reverse1,
+                          reduce_op=_tok(reduce_op), reduce_res=reduce_res, reduce_cmd=cmd)
+    return _last(name)
+
+
+@_validated
+def topk(val_dst, idx_dst, src, n, name=None):
+    """The K (``val_dst``'s free size) largest values of each 16-partition group's
+    ``n``-element snake of ``src``, ascending, and their indices, on GpSimd (nkisim.topk).
+    New in 0.6.0 (RN 2.32)."""
+    api = "topk"
+    _onchip(val_dst, api, "val_dst", ("sbuf",))
+    _onchip(idx_dst, api, "idx_dst", ("sbuf",))
+    _onchip(src, api, "src", ("sbuf",))
+    _topk.topk(val_dst, idx_dst, src, n)
+    return _last(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# the engines' random number generators (nkisim.prng: a deterministic XORWOW per engine and
+# lane; the values are not the device's, the shapes, dtypes, ranges and reproducibility by seed
+# follow the docs). In every 0.2+ stub.
+
+
+def _rng_engine(value, api, default, fn="engine"):
+    e = _enum(engine, value, api, fn)
+    if e is engine.unknown:
+        return default
+    if e.name not in ("vector", "gpsimd"):
+        raise _invalid(f"{api} engine {e.name} is not supported; use vector or gpsimd")
+    return e.name
+
+
+@_validated
+def rng(dst, engine=engine.vector, name=None):
+    """``dst`` (an integer dtype, SBUF or PSUM) = the low bits of 32 random bits per element,
+    from the Vector (default) or GpSimd (NeuronCore-v3+, SBUF only) engine's generator."""
+    api = "rng"
+    eng = _rng_engine(engine, api, "vector")
+    _onchip(dst, api, "dst")
+    _prng.rng(dst, engine=eng)
+    return _last(name)
+
+
+@_validated
+def rand2(dst, min, max, name=None):     # (min, max: the documented parameter names)
+    """``dst`` = uniform random values in [``min``, ``max``] (scalars or (P, 1) float32 tiles)
+    from the Vector Engine's generator, cast to ``dst.dtype``. "Available only on
+    NeuronCore-v4 and newer": an error on trn1 and trn2."""
+    api = "rand2"
+    _core.require_nc_version(context.current(), "nki.isa.rand2", 4)
+    _onchip(dst, api, "dst")
+    _onchip_operands(api, min=min, max=max)
+    _prng.rand2(dst, min, max)
+    return _last(name)
+
+
+@_validated
+def set_rng_seed(src_seeds, name=None):
+    """Seed the Vector Engine's generator with the 32-bit value of the [1, 1] SBUF/PSUM tensor
+    ``src_seeds``: the same seed, the same numbers (``rng``, ``rand2`` and ``dropout``)."""
+    api = "set_rng_seed"
+    _onchip(src_seeds, api, "src_seeds")
+    _prng.set_rng_seed(src_seeds)
+    return _last(name)
+
+
+@_validated
+def rand_set_state(src_seeds, engine=engine.gpsimd, name=None):
+    """Load the XORWOW state of each lane from the uint32 SBUF tile ``src_seeds`` (6 words per
+    partition for GpSimd, 24 for Vector). NeuronCore-v3+ (Vector: v4+)."""
+    api = "rand_set_state"
+    eng = _rng_engine(engine, api, "gpsimd")
+    _core.require_nc_version(context.current(), "nki.isa.rand_set_state", 3)
+    _onchip(src_seeds, api, "src_seeds", ("sbuf",))
+    _prng.rand_set_state(src_seeds, engine=eng)
+    return _last(name)
+
+
+@_validated
+def rand_get_state(dst, engine=engine.gpsimd, name=None):
+    """Store the XORWOW state of each lane into the uint32 tile ``dst`` (6 or 24 words per
+    partition). NeuronCore-v3+ (Vector: v4+)."""
+    api = "rand_get_state"
+    eng = _rng_engine(engine, api, "gpsimd")
+    _core.require_nc_version(context.current(), "nki.isa.rand_get_state", 3)
+    _onchip(dst, api, "dst")
+    _prng.rand_get_state(dst, engine=eng)
+    return _last(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# names added after 0.3 (the oldest release the face serves): present from their release on,
+# an AttributeError before it, as a module without them is (the stubs of each release: 0.4.0
+# adds activate2, RN 2.30; the 0.5.0 stubs add get_nc_sub_version; 0.6.0 adds topk, RN 2.32)
+
+_ADDED = {"activate2": (0, 4), "get_nc_sub_version": (0, 5), "topk": (0, 6)}
+_LATER = {attr: globals().pop(attr) for attr in _ADDED}
+
+
+# ---------------------------------------------------------------------------------------------
 # the current API's ops nkisim does not simulate yet: a clear error at the call, not an
 # AttributeError (STUB-R32 isa; spec §1 "New ISA ops")
 
-_NOT_SIMULATED = ("quantize_mx", "nc_matmul_mx", "topk", "activate2",
-                  "exponential", "rng")
+_NOT_SIMULATED = ("quantize_mx", "nc_matmul_mx")
 
 
 def __getattr__(attr):
+    if attr in _LATER:
+        if at_least(*_ADDED[attr]):
+            return _LATER[attr]
+        have = ".".join(map(str, _version.current()))
+        major, minor = _ADDED[attr]
+        raise AttributeError(f"module 'nki.isa' has no attribute '{attr}' (added in NKI "
+                             f"{major}.{minor}.0; NKISIM_NKI_VERSION={have})")
     if attr in ("tensor_copy_dynamic_src", "tensor_copy_dynamic_dst"):
         if at_least("0.4"):      # "removed in 0.4.0 (use tensor_copy + .ap(scalar_offset=...))"
             raise AttributeError(f"module 'nki.isa' has no attribute '{attr}' (removed in NKI "
