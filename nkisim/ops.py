@@ -744,6 +744,29 @@ def broadcast_to(src, *, shape, dtype=None, **kwargs):
     return result_tile(run, shape, dtype or x.dtype, out, "broadcast_to", engine, (x,), detail)
 
 
+class OpToken:
+    """An op code that kernels pass to ISA instructions (``op=``, ``op0=``) and that is not an
+    nl function itself: ``nl.average`` (0.5.0 stubs: ``tensor_partition_reduce``'s "add,
+    average, max, bitwise_or, bitwise_and"), ``nl.bypass`` ("No-op operator that passes data
+    through unchanged", activate2's op0/op1) and ``nl.prelu`` ("Parametric ReLU activation
+    function", with ``relu_param``), both 0.4.0. Engines recognise it by ``__name__``."""
+
+    def __init__(self, name):
+        self.__name__ = name
+
+    def __repr__(self):
+        return f"nl.{self.__name__}"
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(f"nl.{self.__name__} is an op code for ISA instructions (op=nl."
+                        f"{self.__name__}), not a function")
+
+
+average = OpToken("average")
+bypass = OpToken("bypass")
+prelu = OpToken("prelu")
+
+
 def expand_dims(data, axis):
     """``nl.expand_dims(data, axis)``: a view of ``data`` with a size-1 axis inserted at each
     ``axis`` (numpy.expand_dims positions), never the partition dimension (0). Beta 1 "currently

@@ -737,6 +737,12 @@ def _nc_v4_only(name):
 abs_max = _nc_v4_only("abs_max")
 abs_min = _nc_v4_only("abs_min")
 
+# op codes that are not functions (nkisim.ops.OpToken): 0.4.0's bypass and prelu (activate2),
+# 0.5.0's average (tensor_partition_reduce)
+average = _ops.average
+bypass = _ops.bypass
+prelu = _ops.prelu
+
 
 def device_print(print_prefix, tensor):
     """Print ``tensor`` with ``print_prefix`` to stdout, as the simulator does (SIM; on a device
