@@ -145,6 +145,27 @@ class Rules:
     # The nl wrappers' keywords: Beta 1 takes mask= and **kwargs; nki 0.3+ has no mask= and
     # unknown keywords raise TypeError from 2.28 (nkisim.ops.keywords_check).
     strict_keywords: bool = False
+    # tensor_tensor on integers. nki 0.3+ (STUB-R32 tensor_tensor): "When all input/output
+    # tiles are int32 or uint32, the operation defaults to GpSimd Engine, which uses native
+    # integer arithmetic. This ensures exact results for all 32-bit integer values" (the
+    # automatic dispatch "falls back to Vector Engine when any operand resides in PSUM"). Beta 1
+    # (nki/api/nki/isa/__init__.py tensor_tensor, aws-neuron-sdk 1db4d74e) names only "``power``
+    # or integer ``add``, ``multiply``, or ``subtract`` which run on the GpSimd Engine" and says
+    # arithmetic is fp32 "unless it is one of the supported integer ops": Beta 1 computes those
+    # three exactly on int32/uint32 inputs, everything else in fp32.
+    tensor_tensor_int32_all_ops: bool = False
+    # nc_match_replace8 with duplicate vals: the 0.6.0 docstring (STUB-R32) "processes vals in
+    # reverse order (i = 7, 6, ..., 0)", so the first match goes to the highest column ("the
+    # opposite of nc_find_index8"); the simulator's tie-breaks were "fixed in 0.6.0" to match
+    # the hardware (RN 2.32, spec nki-current §3). Beta 1's NumPy equivalent loops ``for j in
+    # range(vals_2d.shape[1])`` forward (aws-neuron-sdk 1db4d74e).
+    match_replace8_reverse: bool = False
+    # activation's reduce_cmd and reduce_res on the Scalar Engine's reduce_regs: the 0.3+
+    # pseudocode (STUB-R32 activation) resets them for reset/reset_reduce, adds for
+    # reduce/reset_reduce, leaves them for idle ("Do not modify reduce_regs"), and reads them
+    # out ("if reduce_res: reduce_res = reduce_regs"). Beta 1 (nkisim's behaviour before):
+    # reduce_res receives this instruction's own reduction whatever reduce_cmd says.
+    activation_reduce_regs: bool = False
 
 
 BETA1 = Rules()

@@ -323,13 +323,18 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unkn
         raise nki_error("err_unsupported_memory", param="data1", api="tensor_tensor (gpsimd)",
                         expected="sbuf", got="psum")
     bitvec = name in _BITVEC
+    exact = not bitvec and _int_exact(run, name, a, b, dtype, engine, eng)
+    if exact and engine is _UNKNOWN:
+        eng = GPSIMD
     va = read(a, api, run)
     if va.ndim < 2:                               # a partition vector (P,) is (P, 1)
         va = va.reshape(_tile_shape(a))
     vb = read(b, api, run)
     if vb.ndim < 2:
         vb = vb.reshape(_tile_shape(b))
-    if not bitvec:
+    if exact:                                     # native integer arithmetic (GpSimd)
+        va, vb = va.astype(np.int64), vb.astype(np.int64)
+    elif not bitvec:
         if va.dtype is not F32:
             va = dtypes.to_f32(va)
         if vb.dtype is not F32:
@@ -353,6 +358,34 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unkn
         dtype = a.dtype if a.dtype is b.dtype else dtypes.promote(a.dtype, b.dtype)
     return result_tile(run, out.shape, dtype, out, api, eng, (a, b), detail,
                        mask=None if mask is None else _mask(mask, out.shape), fresh=True)
+
+
+_INT32 = frozenset({np.dtype(np.int32), np.dtype(np.uint32)})
+# the ops whose native integer result is exact and unambiguous; divide, power, mod and fmod
+# keep the engine's fp32 arithmetic (the docs do not say how GpSimd rounds an integer quotient)
+_INT_EXACT_OPS = frozenset({"add", "subtract", "multiply", "maximum", "minimum", "equal",
+                            "not_equal", "greater", "greater_equal", "less", "less_equal"})
+_BETA1_INT_OPS = frozenset({"add", "subtract", "multiply"})
+
+
+def _int_exact(run, name, a, b, dtype, engine, eng) -> bool:
+    """Does tensor_tensor compute ``name`` in native integer arithmetic on GpSimd? nki 0.3+
+    (``run.rules.tensor_tensor_int32_all_ops``, STUB-R32 tensor_tensor): "When all
+    input/output tiles are int32 or uint32, the operation defaults to GpSimd Engine, which uses
+    native integer arithmetic. This ensures exact results for all 32-bit integer values. You
+    may override this by passing engine=nki.isa.engine.vector explicitly"; the automatic
+    dispatch "falls back to Vector Engine when any operand resides in PSUM". Beta 1: "integer
+    add, multiply, or subtract which run on the GpSimd Engine" (the engine casts to fp32
+    "unless it is one of the supported integer ops"). The result wraps modulo 2**32 as 32-bit
+    integer arithmetic does (cast to the output dtype)."""
+    if engine is not _UNKNOWN and eng != GPSIMD:
+        return False
+    if a.root.buffer == "psum" or b.root.buffer == "psum":
+        return False
+    if run.rules.tensor_tensor_int32_all_ops:
+        return (name in _INT_EXACT_OPS and a.dtype in _INT32 and b.dtype in _INT32
+                and (dtype is None or dtypes.normalize(dtype) in _INT32))
+    return name in _BETA1_INT_OPS and a.dtype in _INT32 and b.dtype in _INT32
 
 
 @into_target

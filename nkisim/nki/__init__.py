@@ -53,7 +53,9 @@ def rules() -> _context.Rules:
         # tensor_copy, "result always in SBUF" (STUB-R29 vs STUB-R32, RN 2.32; spec §2.3)
         copy_same_buffer=not _version.at_least(0, 6),
         view_primitives=_version.at_least(0, 5), activation_reduce_add_only=True,
-        expand_dims_last_only=False, strict_keywords=True)
+        expand_dims_last_only=False, strict_keywords=True,
+        tensor_tensor_int32_all_ops=True, match_replace8_reverse=True,
+        activation_reduce_regs=True)
 
 
 # ---------------------------------------------------------------------------------------------

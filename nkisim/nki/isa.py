@@ -476,11 +476,14 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
     _onchip(data1, api, "data1")
     _onchip(data2, api, "data2")
     if eng == _core.engine.unknown:
-        # "nl.power runs on GpSimd (no PSUM). All-int32/uint32 operands default to GpSimd"
-        # (STUB-R32 tensor_tensor; spec §2.4): the engine, hence the no-PSUM rule
+        # "nl.power runs on GpSimd (no PSUM)"; "When all input/output tiles are int32 or
+        # uint32, the operation defaults to GpSimd Engine, which uses native integer
+        # arithmetic", falling "back to Vector Engine when any operand resides in PSUM"
+        # (STUB-R32 tensor_tensor): the engine, hence the no-PSUM rule (the core computes
+        # the integers exactly there: engines._int_exact)
         ints = {np.dtype(np.int32), np.dtype(np.uint32)}
         if _core._alu_name(_tok(op), api) == "power" or (
-                {data1.dtype, data2.dtype} <= ints and "psum" not in
+                {data1.dtype, data2.dtype, dst.dtype} <= ints and "psum" not in
                 (dst.root.buffer, data1.root.buffer, data2.root.buffer)):
             eng = _core.engine.gpsimd
     _no_gpsimd_psum(api, eng, dst=dst, data1=data1, data2=data2)
