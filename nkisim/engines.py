@@ -1156,9 +1156,10 @@ def nc_find_index8(*, data, vals, mask=None, dtype=None, **kwargs):
 
 
 def nc_match_replace8(*, data, vals, imm, dst_idx=None, mask=None, dtype=None, **kwargs):
-    """Replace the first occurrence of each of the 8 ``vals`` (in order, each search seeing the
-    previous replacements) with ``imm``; optionally write the flattened indices of the matches
-    into ``dst_idx`` (the docs' NumPy equivalent). ``mask`` applies to ``data``."""
+    """Replace the first occurrence of each of the 8 ``vals`` (in order, or from the last in
+    the current dialect, each search seeing the previous replacements) with ``imm``; optionally
+    write the flattened indices of the matches into ``dst_idx`` (the docs' NumPy equivalent).
+    ``mask`` applies to ``data``."""
     run = context.current()
     api = "nc_match_replace8"
     d, vt, P = _data_and_vals8(data, vals, api)
@@ -1174,7 +1175,10 @@ def nc_match_replace8(*, data, vals, imm, dst_idx=None, mask=None, dtype=None, *
     vv = _tile_vals(vt, api, run).reshape(P, 8)
     idx = np.zeros((P, 8), np.int64)
     rows = np.arange(P)
-    for j in range(8):
+    # duplicate vals: 0.6.0 "processes vals in reverse order (i = 7, 6, ..., 0), so each
+    # occurrence of a duplicate in data is paired with a distinct column of dst_idx"; Beta 1's
+    # NumPy equivalent goes forward (run.rules.match_replace8_reverse; nkisim.context)
+    for j in (range(7, -1, -1) if run.rules.match_replace8_reverse else range(8)):
         hit = search == vv[:, j:j + 1]
         found = hit.any(axis=1)
         first = hit.argmax(axis=1)

@@ -135,3 +135,37 @@ def test_tensor_tensor_beta1_exact_for_integer_add_multiply_subtract_only():
     s, m = b1.simulate_kernel(k, a, b)
     np.testing.assert_array_equal(s, a + b)
     np.testing.assert_array_equal(m, [[16777216, 16777216]])   # fp32 maximum
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. nc_match_replace8 with duplicate vals: "with data = [1, 2, 3, 4, 8, 8, 8, 8, 8, 8, 8] and
+# vals = [3, 8, 8, 8, 8, 8, 8, 8], dst_idx is [2, 10, 9, 8, 7, 6, 5, 4]"
+
+MR_DATA = np.array([[1, 2, 3, 4, 8, 8, 8, 8, 8, 8, 8]], np.float32)
+MR_VALS = np.array([[3, 8, 8, 8, 8, 8, 8, 8]], np.float32)
+
+
+def test_nc_match_replace8_docstring_example_pairs_duplicates_in_descending_order():
+    def body(d, v):
+        out, idx = sb(d.shape), sb((1, 8), np.uint32)
+        nisa.nc_match_replace8(dst=out, data=d, vals=v, imm=-1.0, dst_idx=idx)
+        return out, idx
+
+    out, idx = run(body, MR_DATA, MR_VALS)
+    assert idx[0].tolist() == [2, 10, 9, 8, 7, 6, 5, 4]
+    np.testing.assert_array_equal(out, [[1, 2, -1, 4, -1, -1, -1, -1, -1, -1, -1]])
+
+
+def test_nc_match_replace8_beta1_keeps_its_forward_numpy_equivalent():
+    # Beta 1's NumPy equivalent: "for j in range(vals_2d.shape[1]): ... indices[i, j] =
+    # matches[0]" with each match replaced, so the duplicates get ascending positions
+    @b1.jit
+    def k(a, v):
+        idx = b1.language.ndarray((1, 8), dtype=np.uint32, buffer=b1.language.sbuf)
+        b1isa.nc_match_replace8(data=b1.language.load(a), vals=b1.language.load(v), imm=-1.0,
+                                dst_idx=idx)
+        o = b1.language.ndarray((1, 8), dtype=np.uint32, buffer=b1.language.shared_hbm)
+        b1.language.store(o, idx)
+        return o
+
+    assert b1.simulate_kernel(k, MR_DATA, MR_VALS)[0].tolist() == [2, 4, 5, 6, 7, 8, 9, 10]
