@@ -13,6 +13,7 @@ on read, a scatter on write).
 from __future__ import annotations
 
 import math
+import weakref
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -20,6 +21,27 @@ from numpy.lib.stride_tricks import as_strided
 from . import checks, dtypes
 from .errors import nki_error
 from .tensor import Tensor, _addr, _coarse_shadow, read
+
+# an indirect view -> the shape of the vector_offset tile it was made with (dma_transpose reads
+# a 2-D one column-major: column_major_rows)
+VECTOR_OFFSET_SHAPE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def column_major_rows(v: Tensor) -> Tensor:
+    """An indirect ``.ap(vector_offset=idx)`` view whose rows follow ``idx.T.flatten()``
+    instead of ``idx.flatten()`` when ``idx`` is 2-D with several columns: dma_transpose's
+    "Hardware uses column-major flattening: flat_indices = indices.T.flatten()" (0.6.0
+    docstring, gather_transpose_2d_kernel; "Indirect transpose effectively performs ...
+    flat_indices = indices.T.flatten()[:src.shape[0]]"). Other views are returned as they are;
+    dma_copy's gathers keep the row-major order (their docs state none)."""
+    shape = VECTOR_OFFSET_SHAPE.get(v) if v._idx is not None else None
+    if shape is None or len(shape) != 2 or shape[1] <= 1:
+        return v
+    perm = np.arange(shape[0] * shape[1]).reshape(shape).T.reshape(-1)
+    w = Tensor(v._arr, v._ws, v.root, v.dtype, v.shape, v.paxis, (v._idx[0][perm],), v._off)
+    if v._oob is not None:
+        w._oob = (np.asarray(v._oob[0])[perm], v._oob[1])
+    return w
 
 
 def _owner(a: np.ndarray) -> np.ndarray:
@@ -278,6 +300,7 @@ def _indirect(t, pairs, shape, strides, first, base, sdt, dt, vector_offset, ind
     storage = base[lo:lo + total].view(sdt)
     w = t.root.shadow.reshape(-1) if t.root.shadow is not None and isz == rsz else None
     v = Tensor(storage, w, t.root, dt, shape, None, (np.where(bad, 0, byte) // isz,), 0)
+    VECTOR_OFFSET_SHAPE[v] = tuple(vector_offset.shape)
     if bad.any():
         # Out-of-bound rows are flagged, not raised here: the DMA that moves the view raises
         # (oob_mode.error, the default) or leaves them unmoved (oob_mode.skip): "oob_mode.skip:

@@ -16,6 +16,7 @@ import numpy as np
 
 from . import context, dtypes, gemm
 from . import ops as nl  # the core's language operations (nl.* op codes, DMA helpers)
+from .access import column_major_rows
 from .dstform import code_sites, into_target
 from .errors import nki_error, shape_str
 from .indexing import IndexExpr, MaskExpr
@@ -1417,6 +1418,7 @@ def dma_transpose(src, *, axes=None, mask=None, dtype=None, **kwargs):
     if ax != default[nd]:
         raise nki_error("nkisim_invalid_argument", api=api,
                         why=f"supported axes are (1, 0), (2, 1, 0) and (3, 1, 2, 0); got {ax}")
+    src = column_major_rows(src)          # a gather-transpose reads 2-D indices column-major
     v = read(src, api, run).reshape(src.shape).transpose(ax)
     shape = v.shape
     if shape[0] > run.arch.pmax:

@@ -429,11 +429,14 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode
 
 
 @_validated
-def dma_transpose(dst, src, axes=None, dge_mode=dge_mode.unknown, oob_mode=oob_mode.error,
-                  name=None):
+def dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_mode.unknown,
+                  oob_mode=oob_mode.error, name=None):
     """Transpose ``src`` (HBM or SBUF) into ``dst`` on the DMA engines. From 0.4.0 ``dst`` must
     have exactly the transposed rank and shape (RN 2.30); 0.6.0 relaxed it (RN 2.32, details
-    undocumented: nkisim then asks for the same partitions and element count)."""
+    undocumented: nkisim then asks for the same partitions and element count). ``priority``
+    (the 0.6.0 signature's fourth parameter) is a "DMA quality-of-service priority level 0-3
+    where lower is higher priority (NeuronCore-v4+ only)": a scheduling hint with no effect on
+    values, accepted and ignored (nkisim models no DMA queue priorities)."""
     api = "dma_transpose"
     _enum(globals()["dge_mode"], dge_mode, api, "dge_mode")
     _enum(globals()["oob_mode"], oob_mode, api, "oob_mode")
@@ -525,9 +528,11 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
 
 @_validated
 def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False,
-                         reverse1=False, engine=engine.unknown, name=None):
+                         reverse1=False, name=None, *, engine=engine.unknown):
     """``dst = (data <op0> operand0) <op1> operand1``, operand0 a scalar or (P, 1) tile,
-    operand1 a tile like ``data``."""
+    operand1 a tile like ``data``. The 0.6.0 signature ends ``reverse1=False, name=None`` and
+    has no ``engine`` ("using Vector Engine"): nkisim keeps ``engine=`` as a keyword only, so a
+    positional ``name`` binds to ``name``."""
     api = "scalar_tensor_tensor"
     eng = _core_engine(engine, api)
     _onchip(dst, api, "dst")
@@ -556,8 +561,9 @@ def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, rev
 
 
 @_validated
-def reciprocal(dst, data, engine=engine.unknown, name=None):
-    """``dst = 1 / data``."""
+def reciprocal(dst, data, name=None, *, engine=engine.unknown):
+    """``dst = 1 / data``. The 0.6.0 signature is ``reciprocal(dst, data, name=None)``: nkisim
+    keeps ``engine=`` as a keyword only, so a positional ``name`` binds to ``name``."""
     api = "reciprocal"
     eng = _core_engine(engine, api)
     _onchip(dst, api, "dst")

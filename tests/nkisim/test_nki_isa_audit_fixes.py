@@ -169,3 +169,85 @@ def test_nc_match_replace8_beta1_keeps_its_forward_numpy_equivalent():
         return o
 
     assert b1.simulate_kernel(k, MR_DATA, MR_VALS)[0].tolist() == [2, 4, 5, 6, 7, 8, 9, 10]
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. dma_transpose gathering with 2-D indices: "Hardware uses column-major flattening:
+# flat_indices = indices.T.flatten()"; "gathered = src[flat_indices, :]; dst = gathered.T"
+
+
+def test_dma_transpose_gather_reads_2d_indices_column_major():
+    # the docstring's gather_transpose_2d_kernel, with N_COLS = 2
+    @nki.jit
+    def gather_transpose_2d_kernel(src_hbm, idx_hbm):
+        P, F = 128, 256
+        output = ops.ndarray((P, F), dtype=src_hbm.dtype, buffer=ops.shared_hbm)
+        idx_sb = load(idx_hbm)
+        dst_sb = sb((P, F), src_hbm.dtype)
+        nisa.memset(dst=dst_sb, value=0)
+        src_ap = src_hbm.ap(pattern=[[P, F], [1, P]], vector_offset=idx_sb, indirect_dim=0)
+        nisa.dma_transpose(dst=dst_sb, src=src_ap, axes=(1, 0))
+        nisa.dma_copy(dst=output, src=dst_sb)
+        return output
+
+    src = RNG.uniform(-1, 1, (300, 128)).astype(BF16)
+    idx = RNG.permutation(300)[:256].astype(np.uint32).reshape(128, 2)
+    got = gather_transpose_2d_kernel(src, idx)
+    flat = idx.T.flatten()[:src.shape[0]]
+    np.testing.assert_array_equal(got.astype(np.float32), src[flat, :].T.astype(np.float32))
+
+
+def test_dma_copy_gather_keeps_row_major_indices():
+    # only dma_transpose documents the column-major order; a dma_copy gather through the same
+    # kind of view reads the indices as they are laid out
+    @nki.jit
+    def k(src_hbm, idx_hbm):
+        idx_sb = load(idx_hbm)
+        dst = sb((128, 8), src_hbm.dtype)
+        view = src_hbm.ap(pattern=[[4, 256], [1, 4]], vector_offset=idx_sb, indirect_dim=0)
+        nisa.dma_copy(dst=dst, src=view)
+        return out_of(dst)
+
+    src = np.arange(300 * 4, dtype=np.float32).reshape(300, 4)
+    idx = RNG.permutation(300)[:256].astype(np.uint32).reshape(128, 2)
+    np.testing.assert_array_equal(k(src, idx).reshape(256, 4), src[idx.flatten()])
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. signatures: dma_transpose(dst, src, axes=None, priority=None, dge_mode=..., oob_mode=...,
+# name=None); reciprocal(dst, data, name=None); scalar_tensor_tensor(..., reverse1=False,
+# name=None)
+
+
+def test_dma_transpose_takes_priority_as_its_fourth_parameter():
+    import inspect
+    params = list(inspect.signature(nisa.dma_transpose).parameters)
+    assert params == ["dst", "src", "axes", "priority", "dge_mode", "oob_mode", "name"]
+    a = RNG.uniform(-1, 1, (16, 32)).astype(BF16)
+
+    @nki.jit
+    def k(x):
+        d = sb((32, 16), BF16)
+        nisa.dma_transpose(d, load(x), (1, 0), 2, nisa.dge_mode.unknown)   # positional
+        return out_of(d)
+
+    np.testing.assert_array_equal(k(a).astype(np.float32), a.T.astype(np.float32))
+
+
+@pytest.mark.parametrize("op", ["reciprocal", "scalar_tensor_tensor"])
+def test_a_positional_name_does_not_bind_to_engine(op):
+    x = RNG.uniform(1, 2, (8, 8)).astype(np.float32)
+
+    @nki.jit
+    def k(a):
+        t, d = load(a), sb(a.shape)
+        if op == "reciprocal":
+            h = nisa.reciprocal(d, t, "inv")
+        else:
+            h = nisa.scalar_tensor_tensor(d, t, ops.multiply, 2.0, ops.add, t, False, False,
+                                          "stt")
+        assert h.name in ("inv", "stt")
+        return out_of(d)
+
+    want = 1 / x if op == "reciprocal" else x * 2 + x
+    np.testing.assert_allclose(k(x), want, rtol=1e-6)
