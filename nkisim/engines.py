@@ -535,7 +535,9 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
     detail["func"] = fname
     res = result_tile(run, shape, dtype or x.dtype, out, api, SCALAR, tiles, detail,
                       mask=_mask(mask, shape), fresh=_owned(out, v) and reduce_res is None)
-    if reduce_res is not None:
+    if run.rules.activation_reduce_regs:
+        _activation_regs(run, api, res, out, P, reduce_op, reduce_res, reduce_cmd)
+    elif reduce_res is not None:
         add_only = run.arch.nc_version < 3 or run.rules.activation_reduce_add_only
         if reduce_op is None or _alu_name(reduce_op, api) != "add" and add_only:
             raise nki_error("nkisim_invalid_argument", api=api,
@@ -548,6 +550,43 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
         res._producer.writes = res._producer.writes + (region(reduce_res),)
         res._producer.detail["reduce"] = True
     return res
+
+
+def _activation_regs(run, api, res, out, P, reduce_op, reduce_res, cmd):
+    """The Scalar Engine's ``reduce_regs`` under ``reduce_cmd`` (0.3+ pseudocode, STUB-R32
+    activation: "if reduce_cmd == reset or reduce_cmd == reset_reduce: reduce_regs = 0";
+    reduce/reset_reduce add this instruction's reduction of its fp32 results; "idle: Do not
+    modify reduce_regs"; "if reduce_res: reduce_res = reduce_regs"). One fp32 value per lane,
+    kept under ``("scalar", P)`` beside the Vector Engine's (activate2's registers: "one FP32
+    value per lane, 128 total"); a register never set reads 0, the value reset gives it.
+    (The pseudocode's ``result = reduce_op(reduce_regs, ...)`` then ``reduce_regs +=
+    result`` would count the registers twice under ``reduce``; nkisim reads it as the
+    accumulation the ``reduce`` bullet describes: "Reduce activated data over existing values
+    in reduce_regs".)"""
+    cmd = reduce_cmd(int(cmd))
+    reducing = cmd in (reduce_cmd.reduce, reduce_cmd.reset_reduce)
+    if reduce_op is not None or reducing:
+        add_only = run.arch.nc_version < 3 or run.rules.activation_reduce_add_only
+        if reduce_op is None or _alu_name(reduce_op, api) != "add" and add_only:
+            raise nki_error("nkisim_invalid_argument", api=api,
+                            why="reduce_op must be nl.add" + (
+                                " on NeuronCore-v2" if run.arch.nc_version < 3 else "") + (
+                                f" (reduce_cmd={cmd.name} reduces)" if reduce_op is None
+                                else ""))
+    key = ("scalar", P)
+    acc = run.vector_acc.get(key)
+    if cmd in (reduce_cmd.reset, reduce_cmd.reset_reduce) or acc is None:
+        acc = np.zeros((P, 1), np.float32)
+    if reducing:
+        red = reduce_values(_alu_name(reduce_op, api), out.reshape(P, -1), (1,), True)
+        acc = (np.asarray(acc, np.float32) + np.asarray(red, np.float32)).reshape(P, 1)
+    if cmd != reduce_cmd.idle:
+        run.vector_acc[key] = acc
+    if reduce_res is not None:
+        from .tensor import write as _write
+        _write(reduce_res, fit(np.asarray(acc, np.float32), reduce_res.shape), api, run=run)
+        res._producer.writes = res._producer.writes + (region(reduce_res),)
+        res._producer.detail["reduce"] = True
 
 
 def activation_reduce(op, data, *, reduce_op, reduce_res, bias=None, scale=1.0, mask=None,

@@ -577,7 +577,10 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
                reduce_cmd=reduce_cmd.idle, name=None):
     """``dst = op(data * scale + bias)`` in fp32 on the Scalar Engine; ``scale`` a scalar or a
     (P, 1) fp32 tile, ``bias`` a (P, 1) tile ("2.28 added a check that the bias free dim is
-    1"); with ``reduce_res``, its sum along the free dims too (``reduce_op`` nl.add)."""
+    1"). ``reduce_cmd`` drives the Scalar Engine's ``reduce_regs`` (reset, reduce,
+    reset_reduce; idle leaves them) with the sum along the free dims (``reduce_op`` nl.add),
+    and ``reduce_res`` reads them out (nkisim.engines._activation_regs): with the default idle,
+    ``reduce_res`` receives what earlier instructions left there, as the docs' pseudocode says."""
     api = "activation"
     rc = _enum(globals()["reduce_cmd"], reduce_cmd, api, "reduce_cmd")
     _onchip(dst, api, "dst")
@@ -585,24 +588,27 @@ def activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=N
     for param, t in (("bias", bias), ("scale", scale), ("reduce_res", reduce_res)):
         if isinstance(t, Tensor):
             _onchip(t, api, param)
-    if rc.name not in ("idle", "reset_reduce"):
-        # idle / reset_reduce: reduce_res gets this instruction's own reduction; the others
-        # carry the Scalar Engine accumulators across instructions, which nkisim does not model
-        raise nki_error("nkisim_unsupported", what=f"{api} reduce_cmd={rc.name}",
-                        why="the Scalar Engine accumulator registers are not simulated")
+    if rc is globals()["reduce_cmd"].load_reduce:
+        # the docs define reset, idle, reduce and reset_reduce for activation (its pseudocode:
+        # nkisim.engines._activation_regs); load_reduce has no value to load here
+        raise nki_error("nkisim_unsupported", what=f"{api} reduce_cmd=load_reduce",
+                        why="activation's docs define reset, idle, reduce and reset_reduce")
+    cmd = getattr(_core.reduce_cmd, rc.name)
     if reduce_res is None:        # (with reduce_res, dst is written after it, as before)
         return _direct(dst, api, name, _core.activation, _tok(op), data, bias=bias, scale=scale,
-                       reduce_op=_tok(reduce_op), dtype=dst.dtype)
+                       reduce_op=_tok(reduce_op), reduce_cmd=cmd, dtype=dst.dtype)
     res = _core.activation(_tok(op), data, bias=bias, scale=scale, reduce_op=_tok(reduce_op),
-                           reduce_res=reduce_res, dtype=dst.dtype)
+                           reduce_res=reduce_res, reduce_cmd=cmd, dtype=dst.dtype)
     return _into(dst, res, api, name)
 
 
 @_validated
 def activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0, name=None):
-    """``activation`` that also reduces its result along the free dims into ``reduce_res``."""
+    """``activation`` that also reduces its result along the free dims into ``reduce_res``:
+    "equivalent to calling nisa.activation with reduce_cmd=nisa.reduce_cmd.reset_reduce and
+    passing in reduce_res" (STUB-R32 activation_reduce)."""
     return activation(dst, op, data, bias=bias, scale=scale, reduce_op=reduce_op,
-                      reduce_res=reduce_res, name=name)
+                      reduce_res=reduce_res, reduce_cmd=reduce_cmd.reset_reduce, name=name)
 
 
 # ---------------------------------------------------------------------------------------------

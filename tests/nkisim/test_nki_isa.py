@@ -505,8 +505,10 @@ def test_activation_scale_bias_and_reduce():
     def k(x, b, s):
         c = sb(x.shape, BF16)
         r = sb((32, 1))
+        # (reset_reduce: with the default idle, reduce_res reads the registers unchanged,
+        # STUB-R32 activation pseudocode; test_nki_isa_audit_fixes.py)
         nisa.activation(c, ops.exp, load(x), bias=load(b), scale=load(s), reduce_op=ops.add,
-                        reduce_res=r)
+                        reduce_res=r, reduce_cmd=nisa.reduce_cmd.reset_reduce)
         return out_of(c, np.float32), out_of(r)
 
     out, red = k(a, bias, scale)
@@ -577,13 +579,15 @@ def test_activation_reduce_op_must_be_add_in_the_current_dialect():
                                rtol=1e-6)
 
 
-def test_activation_reduce_accumulating_commands_are_not_silently_ignored():
+def test_activation_reduce_cmd_load_reduce_is_not_silently_ignored():
+    # activation's docs define reset, idle, reduce and reset_reduce (the others are simulated:
+    # test_nki_isa_audit_fixes.py); load_reduce has nothing to load
     @nki.jit
     def k(x):
         nisa.activation(sb(x.shape), ops.exp, load(x), reduce_op=ops.add,
-                        reduce_res=sb((4, 1)), reduce_cmd=nisa.reduce_cmd.reduce)
+                        reduce_res=sb((4, 1)), reduce_cmd=nisa.reduce_cmd.load_reduce)
 
-    with pytest.raises(Exception, match="reduce_cmd=reduce"):
+    with pytest.raises(Exception, match="reduce_cmd=load_reduce"):
         k(rand((4, 4)))
 
 

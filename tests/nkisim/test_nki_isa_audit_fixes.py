@@ -251,3 +251,77 @@ def test_a_positional_name_does_not_bind_to_engine(op):
 
     want = 1 / x if op == "reciprocal" else x * 2 + x
     np.testing.assert_allclose(k(x), want, rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# 5 and 11. activation's reduce_regs: "reset: Reset reduce_regs to zero only"; "idle: Do not
+# modify reduce_regs"; "reduce: Reduce activated data over existing values in reduce_regs";
+# "reset_reduce: Reset reduce_regs to zero and then store the reduction result"; "if
+# reduce_res: reduce_res = reduce_regs"
+
+X = np.array([[1, 2, 3, 4], [5, 6, 7, 8]], np.float32)      # row sums 10, 26
+
+
+def _chain(*steps):
+    """Run activation(copy) steps (data scale, reduce_cmd, read out?) on X; the read-outs."""
+    def body(x):
+        outs = []
+        for scale, cmd, read in steps:
+            r = sb((2, 1)) if read else None
+            nisa.activation(sb(x.shape), ops.copy, x, scale=scale, reduce_op=ops.add,
+                            reduce_res=r, reduce_cmd=getattr(nisa.reduce_cmd, cmd))
+            if read:
+                outs.append(r)
+        return tuple(outs)
+
+    return [o[:, 0].tolist() for o in run(body, X)]
+
+
+def test_activation_idle_reads_out_the_registers_unchanged():
+    # reset_reduce on x (sums 10, 26), then idle on 2x: the registers still hold 10, 26
+    assert _chain((1.0, "reset_reduce", False), (2.0, "idle", True)) == [[10, 26]]
+
+
+def test_activation_reduce_accumulates_over_the_registers():
+    assert _chain((1.0, "reset_reduce", True), (2.0, "reduce", True),
+                  (3.0, "reduce", True)) == [[10, 26], [30, 78], [60, 156]]
+
+
+def test_activation_reset_zeroes_the_registers_only():
+    assert _chain((1.0, "reset_reduce", False), (5.0, "reset", True),
+                  (1.0, "reduce", True)) == [[0, 0], [10, 26]]
+
+
+def test_activation_reduce_without_reduce_res_keeps_the_sum_in_the_registers():
+    # reduce_res=None: "keep the reduction result in the Scalar Engine's internal accumulator
+    # without writing it out ... only the final call needs to pass a tile"
+    assert _chain((1.0, "reset_reduce", False), (1.0, "reduce", False),
+                  (0.5, "reduce", True)) == [[25, 65]]
+
+
+def test_activation_reduce_is_reset_reduce_with_a_read_out():
+    # "This API is equivalent to calling nisa.activation with reduce_cmd=reset_reduce"
+    def body(x):
+        r1, r2 = sb((2, 1)), sb((2, 1))
+        nisa.activation(sb(x.shape), ops.copy, x, scale=3.0, reduce_op=ops.add,
+                        reduce_res=None, reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        nisa.activation_reduce(sb(x.shape), ops.copy, x, ops.add, r1)
+        nisa.activation(sb(x.shape), ops.copy, x, reduce_res=r2)       # idle read-out
+        return r1, r2
+
+    r1, r2 = run(body, X)
+    assert r1[:, 0].tolist() == [10, 26] and r2[:, 0].tolist() == [10, 26]
+
+
+def test_activation_beta1_keeps_the_instructions_own_reduction():
+    # Beta 1 face: reduce_res receives this instruction's own sum (nkisim's behaviour before;
+    # Rules.activation_reduce_regs)
+    @b1.jit
+    def k(a):
+        r = b1.language.ndarray((2, 1), dtype=np.float32, buffer=b1.language.sbuf)
+        b1isa.activation(ops.copy, b1.language.load(a), reduce_op=ops.add, reduce_res=r)
+        o = b1.language.ndarray((2, 1), dtype=np.float32, buffer=b1.language.shared_hbm)
+        b1.language.store(o, r)
+        return o
+
+    assert b1.simulate_kernel(k, X)[:, 0].tolist() == [10, 26]
