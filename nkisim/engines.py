@@ -1330,9 +1330,19 @@ def range_select(*, on_true_tile, comp_op0, comp_op1, bound0, bound1,
 
 
 def tensor_scalar_reduce(*, data, op0, operand0, reduce_op, reduce_res, reverse0=False,
-                         dtype=None, mask=None, **kwargs):
+                         dtype=None, mask=None, reduce_cmd=None, reduce_init=None,
+                         reduce_res_negate=False, **kwargs):
     """``data <op0> operand0`` (one arithmetic op) and its reduction over all free axes written
-    into ``reduce_res`` (P, 1) (docs; reduce_op add, subtract, multiply, max or min)."""
+    into ``reduce_res`` (P, 1) (docs; reduce_op add, subtract, multiply, max or min).
+
+    ``reduce_cmd`` (the current dialect; None: Beta 1's instruction-local reduction) runs it
+    through the Vector Engine accumulators it shares with select_reduce, range_select,
+    exponential and tensor_scalar_cumulative (STUB-R32 tensor_scalar_reduce, "Accumulator
+    behavior"): ``reset_reduce`` "Reset accumulators to the identity value for reduce_op, then
+    accumulate the current results", ``reduce`` "Continue accumulating without resetting",
+    ``load_reduce`` "Load the values from reduce_init into the accumulator, then accumulate the
+    current result on top of it"; ``reduce_res`` (optional then) receives the accumulator,
+    negated with ``reduce_res_negate`` ("does not modify the internal reduction registers")."""
     run = context.current()
     api = "tensor_scalar_reduce"
     x = _tile(data, api, "data")
@@ -1357,10 +1367,51 @@ def tensor_scalar_reduce(*, data, op0, operand0, reduce_op, reduce_res, reverse0
     ident = _RESET[rname] if rname in ("max", "min") else (0.0 if rname == "add" else 1.0)
     red = reduce_values(rname, np.where(m, out, ident) if m is not None else out,
                         tuple(range(1, len(shape))), True).reshape(shape[0], 1)
-    if reduce_res is None:
+    if reduce_cmd is not None:
+        red = _tsr_accumulate(run, api, x, rname, red, reduce_cmd, reduce_init, res._producer)
+        if reduce_res_negate:
+            red = -red
+        res._producer.detail["reduce"] = reduce_res is not None
+    elif reduce_res is None:
         raise nki_error("nkisim_invalid_argument", api=api, why="reduce_res is required")
     _write_reduce_res(run, reduce_res, red, api, res._producer)
     return res
+
+
+def _tsr_accumulate(run, api, x, rname, red, cmd, init, instr):
+    """tensor_scalar_reduce's accumulator (P, 1) after ``cmd`` ("reset_reduce", "reduce" or
+    "load_reduce") with this instruction's reduction ``red``."""
+    P = red.shape[0]
+    if cmd not in ("reset_reduce", "reduce", "load_reduce"):
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"reduce_cmd {cmd} is not supported; use reset_reduce, reduce or "
+                            "load_reduce")
+    if cmd != "load_reduce" and init is not None and (isinstance(init, Tensor) or
+                                                      float(init) != 0.0):
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"reduce_init should only be set when reduce_cmd is load_reduce "
+                            f"(reduce_cmd={cmd})")
+    start = None
+    if cmd == "load_reduce":
+        if init is None:
+            raise nki_error("nkisim_invalid_argument", api=api,
+                            why="reduce_init must be provided when reduce_cmd is load_reduce")
+        if isinstance(init, Tensor) and init.dtype != F32:
+            raise nki_error("nkisim_operand_dtype", param="reduce_init", api=api,
+                            dtype=dtypes.name(init.dtype), allowed="float32")
+        v, t = _scalar_operand(init, x, api, "reduce_init", run)
+        start = np.broadcast_to(np.asarray(v, np.float32).reshape(-1, 1), (P, 1))
+        if t is not None:
+            instr.reads = tuple(instr.reads) + (region(t),)
+    elif cmd == "reduce":
+        start = run.vector_acc.get(P)
+    if start is None:                     # reset_reduce, or a register never set
+        start = np.full((P, 1), _RESET[rname], np.float32)
+    op = {"max": "maximum", "min": "minimum"}.get(rname, rname)
+    acc = np.asarray(apply_binary(op, np.asarray(start, np.float32).reshape(P, 1),
+                                  np.asarray(red, np.float32)), np.float32)
+    run.vector_acc[P] = acc
+    return acc
 
 
 # --- cross-partition -----------------------------------------------------------------------
@@ -1372,7 +1423,12 @@ def tensor_partition_reduce(op, data, *, mask=None, dtype=None, **kwargs):
     run = context.current()
     api = "tensor_partition_reduce"
     x = _tile(data, api, "data")
-    name = _reduce_name(op, api, {"add", "max", "bitwise_or", "bitwise_and"})
+    # "op: the reduction operator (add, average, max, bitwise_or, bitwise_and)" (0.5.0+
+    # stubs); average is the nl.average op code (nkisim.ops.OpToken): the fp32 mean over the
+    # partitions (their sum divided by their count)
+    average = getattr(op, "__name__", None) == "average" and isinstance(op, nl.OpToken)
+    name = "add" if average else _reduce_name(op, api, {"add", "max", "bitwise_or",
+                                                          "bitwise_and"})
     shape = _tile_shape(x)
     v = read(x, api, run).reshape(shape)
     if name.startswith("bitwise"):
@@ -1382,6 +1438,9 @@ def tensor_partition_reduce(op, data, *, mask=None, dtype=None, **kwargs):
     else:
         v = dtypes.to_f32(v)
     out = reduce_values(name, v, (0,), True)
+    if average:
+        out = np.asarray(out, np.float32) / np.float32(shape[0])
+        name = "average"
     oshape = (1,) + shape[1:]
     detail = _detail(x)
     detail["alu"] = name

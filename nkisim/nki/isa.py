@@ -390,6 +390,14 @@ def _tok(op):
     return core if callable(core) else op
 
 
+def _unary_operand(op0, operand0, api):
+    """operand0 of a unary op0: "Must be None or 0 when op0 is a unary operator (e.g.,
+    nl.abs)" (STUB-R32 tensor_scalar, tensor_scalar_reduce); the core takes the 0."""
+    if operand0 is None and _core._alu_name(_tok(op0), api) in _ops._UNARY_ALU_FN:
+        return 0.0
+    return operand0
+
+
 def _fp32_operand(op, api, param):
     """tensor_scalar's (P, 1) tile operands "must be fp32" (STUB-R32 tensor_scalar). Only
     tensor_scalar documents it: scalar_tensor_tensor and tensor_scalar_reduce are not held to
@@ -522,8 +530,9 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
         if pair not in (("multiply", "add"), ("multiply", None), ("add", None)):
             raise _invalid(f"{api} on the Scalar engine of gen3 supports (multiply, add), "
                            f"(multiply, None) and (add, None) as (op0, op1), got {pair}")
-    return _direct(dst, api, name, _core.tensor_scalar, data, _tok(op0), operand0, reverse0,
-                   _tok(op1), operand1, reverse1, dtype=dst.dtype, engine=eng)
+    return _direct(dst, api, name, _core.tensor_scalar, data, _tok(op0),
+                   _unary_operand(op0, operand0, api), reverse0, _tok(op1), operand1, reverse1,
+                   dtype=dst.dtype, engine=eng)
 
 
 @_validated
@@ -650,28 +659,30 @@ def tensor_partition_reduce(dst, op, data, name=None):
 
 @_validated
 def tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, reverse0=False,
-                         name=None):
-    """``dst = data <op0> operand0`` and its reduction over the free dims into ``reduce_res``
-    (P, 1). ``reduce_res`` is optional from 0.6.0 (RN 2.32), required before."""
+                         reduce_cmd=reduce_cmd.reset_reduce, reduce_init=None,
+                         reduce_res_negate=False, name=None):
+    """``dst = data <op0> operand0`` and its reduction over the free dims through the Vector
+    Engine accumulators (``reduce_cmd`` reset_reduce, reduce or load_reduce from
+    ``reduce_init``) into ``reduce_res`` (P, 1), negated with ``reduce_res_negate`` (the 0.6.0
+    signature; nkisim.engines.tensor_scalar_reduce). ``reduce_res`` is optional from 0.6.0
+    (RN 2.32), required before. The release that added reduce_cmd, reduce_init and
+    reduce_res_negate is not documented: nkisim accepts them in every release it serves."""
     api = "tensor_scalar_reduce"
+    cmd = _cmd(reduce_cmd, api)
     _onchip(dst, api, "dst")
     _onchip(data, api, "data")
-    scratch = None
     if reduce_res is None:
         if not at_least("0.6"):
             raise TypeError(f"{api}() missing 1 required argument: 'reduce_res'")
-        scratch = reduce_res = _ops.ndarray((data.shape[0], 1), np.float32)
     else:
         _onchip(reduce_res, api, "reduce_res")
-    res = _core.tensor_scalar_reduce(data=data, op0=_tok(op0), operand0=operand0,
+    _onchip_operands(api, reduce_init=reduce_init)
+    res = _core.tensor_scalar_reduce(data=data, op0=_tok(op0),
+                                     operand0=_unary_operand(op0, operand0, api),
                                      reduce_op=_tok(reduce_op), reduce_res=reduce_res,
-                                     reverse0=reverse0, dtype=dst.dtype)
-    if scratch is not None:              # no reduce_res: the reduction is not written
-        instr = res._producer
-        sr = region(scratch)
-        instr.writes = tuple(w for w in instr.writes if w != sr)
-        instr.detail["reduce"] = False
-        context.current().memory.release(scratch.root)
+                                     reverse0=reverse0, dtype=dst.dtype, reduce_cmd=cmd,
+                                     reduce_init=reduce_init,
+                                     reduce_res_negate=bool(reduce_res_negate))
     return _into(dst, res, api, name)
 
 

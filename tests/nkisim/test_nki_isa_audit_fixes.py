@@ -325,3 +325,118 @@ def test_activation_beta1_keeps_the_instructions_own_reduction():
         return o
 
     assert b1.simulate_kernel(k, X)[:, 0].tolist() == [10, 26]
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. tensor_scalar_reduce(..., reduce_cmd=reduce_cmd.reset_reduce, reduce_init=None,
+# reduce_res_negate=False, name=None): "reset_reduce: (default) Reset accumulators to the
+# identity value for reduce_op, then accumulate the current results"; "reduce: Continue
+# accumulating without resetting"; "load_reduce: Load the values from reduce_init into the
+# accumulator, then accumulate the current result on top of it"; "reduce_res_negate: Negate the
+# reduction result before writing it to reduce_res, does not modify the internal reduction
+# registers"
+
+T1 = np.array([[1, 2, 3], [4, 5, 6]], np.float32)
+T2 = np.array([[10, 20, 30], [-1, -2, -3]], np.float32)
+
+
+def _tsr(steps, *arrays):
+    def body(*xs):
+        outs = []
+        for i, op, kw in steps:
+            r = sb((2, 1)) if kw.pop("read", True) else None
+            nisa.tensor_scalar_reduce(sb(xs[i].shape), xs[i], ops.multiply, 2.0, op,
+                                      reduce_res=r, **kw)
+            if r is not None:
+                outs.append(r)
+        return tuple(outs)
+
+    return [o[:, 0].tolist() for o in run(body, *arrays)]
+
+
+def test_tensor_scalar_reduce_accumulates_with_reduce_cmd():
+    got = _tsr([(0, ops.add, {}), (1, ops.add, {"reduce_cmd": nisa.reduce_cmd.reduce})], T1, T2)
+    s1 = (2 * T1).sum(axis=1)
+    assert got == [s1.tolist(), (s1 + (2 * T2).sum(axis=1)).tolist()]
+
+
+def test_tensor_scalar_reduce_reduce_chains_without_reduce_res():
+    # "Pass None to keep the reduction result in the Vector Engine's internal accumulator"
+    got = _tsr([(0, ops.maximum, {"read": False}),
+                (1, ops.maximum, {"reduce_cmd": nisa.reduce_cmd.reduce})], T1, T2)
+    assert got == [np.maximum((2 * T1).max(axis=1), (2 * T2).max(axis=1)).tolist()]
+
+
+def test_tensor_scalar_reduce_load_reduce_starts_from_reduce_init():
+    init = np.array([[100], [-100]], np.float32)
+
+    def body(x, i):
+        r = sb((2, 1))
+        nisa.tensor_scalar_reduce(sb(x.shape), x, ops.multiply, 2.0, ops.add, reduce_res=r,
+                                  reduce_cmd=nisa.reduce_cmd.load_reduce, reduce_init=i)
+        r2 = sb((2, 1))
+        nisa.tensor_scalar_reduce(sb(x.shape), x, ops.multiply, 1.0, ops.add, reduce_res=r2,
+                                  reduce_cmd=nisa.reduce_cmd.load_reduce, reduce_init=7.0)
+        return r, r2
+
+    r, r2 = run(body, T1, init)
+    np.testing.assert_array_equal(r[:, 0], init[:, 0] + (2 * T1).sum(axis=1))
+    np.testing.assert_array_equal(r2[:, 0], 7 + T1.sum(axis=1))
+
+
+def test_tensor_scalar_reduce_negate_leaves_the_register():
+    got = _tsr([(0, ops.add, {"reduce_res_negate": True}),
+                (1, ops.add, {"reduce_cmd": nisa.reduce_cmd.reduce})], T1, T2)
+    s1 = (2 * T1).sum(axis=1)
+    assert got == [(-s1).tolist(), (s1 + (2 * T2).sum(axis=1)).tolist()]
+
+
+def test_tensor_scalar_reduce_reduce_init_only_with_load_reduce():
+    # "reduce_init should only be set when reduce_cmd is load_reduce"; "Must be provided when
+    # reduce_cmd is load_reduce"
+    with pytest.raises(Exception, match="reduce_init should only be set"):
+        _tsr([(0, ops.add, {"reduce_init": 3.0})], T1)
+    with pytest.raises(Exception, match="reduce_init must be provided"):
+        _tsr([(0, ops.add, {"reduce_cmd": nisa.reduce_cmd.load_reduce})], T1)
+
+
+# ---------------------------------------------------------------------------------------------
+# 9. operand0 "Must be None or 0 when op0 is a unary operator (e.g., nl.abs)"
+
+
+def test_unary_op0_takes_operand0_none():
+    x = np.array([[-1.5, 2.0, -3.0]], np.float32)
+
+    def body(t):
+        a, b, r = sb(t.shape), sb(t.shape), sb((1, 1))
+        nisa.tensor_scalar(a, t, ops.abs, None)
+        nisa.tensor_scalar(b, t, ops.abs, None, op1=ops.multiply, operand1=2.0)
+        nisa.tensor_scalar_reduce(sb(t.shape), t, ops.abs, None, ops.maximum, reduce_res=r)
+        return a, b, r
+
+    a, b, r = run(body, x)
+    np.testing.assert_array_equal(a, np.abs(x))
+    np.testing.assert_array_equal(b, 2 * np.abs(x))
+    assert r[0, 0] == 3.0
+
+
+def test_binary_op0_still_needs_operand0():
+    with pytest.raises(Exception, match="operand0 must be a scalar or a tile"):
+        run(lambda t: (nisa.tensor_scalar(sb(t.shape), t, ops.add, None), t)[1], T1)
+
+
+# ---------------------------------------------------------------------------------------------
+# 10. tensor_partition_reduce "op: the reduction operator (add, average, max, bitwise_or,
+# bitwise_and)"
+
+
+def test_tensor_partition_reduce_average_is_the_mean_over_partitions():
+    x = RNG.uniform(-4, 4, (16, 5)).astype(np.float32)
+
+    def body(t):
+        d = sb((1, 5))
+        nisa.tensor_partition_reduce(d, nki.language.average, t)
+        return d
+
+    (got,) = run(body, x)
+    np.testing.assert_allclose(got, x.mean(axis=0, keepdims=True), rtol=1e-6)
