@@ -390,6 +390,22 @@ def _tok(op):
     return core if callable(core) else op
 
 
+_DOCS = "https://awsdocs-neuron.readthedocs-hosted.com/en/v2.32.0/nki/api/generated/"
+
+
+def _dtype_rule(api, param, t, allowed, text):
+    """``t.dtype`` must be one of ``allowed`` (the docstring's rule, quoted in ``text``)."""
+    if isinstance(t, Tensor) and t.dtype not in allowed:
+        raise _invalid(f"{api} {param} dtype {dtypes.name(t.dtype)} is not allowed: {text}")
+
+
+_U_PRED = {np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.uint32), np.dtype(np.bool_)}
+_SELECT_PRED = {np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int16), np.dtype(np.uint16),
+                np.dtype(np.bool_)}
+_FP8 = {dtypes.float8_e4m3, dtypes.float8_e5m2}
+_F32ISH = {np.dtype(np.float32), dtypes.TF32}
+
+
 def _unary_operand(op0, operand0, api):
     """operand0 of a unary op0: "Must be None or 0 when op0 is a unary operator (e.g.,
     nl.abs)" (STUB-R32 tensor_scalar, tensor_scalar_reduce); the core takes the 0."""
@@ -422,7 +438,16 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode
         raise TypeError(f"{api}() got an unexpected keyword argument 'priority'")
     om = _enum(globals()["oob_mode"], oob_mode, api, "oob_mode")
     dm = _enum(globals()["dge_mode"], dge_mode, api, "dge_mode")
-    _enum(globals()["engine"], engine, api, "engine")
+    e = _enum(globals()["engine"], engine, api, "engine")
+    # "engine: the engine to use for HWDGE descriptor generation: nki.isa.engine.sync or
+    # nki.isa.engine.scalar. Only valid when dge_mode=nisa.dge_mode.hwdge"
+    if e is not globals()["engine"].unknown:
+        if e.name not in ("sync", "scalar"):
+            raise _invalid(f"{api} engine {e.name} is not supported; use sync or scalar (with "
+                           "dge_mode=hwdge)")
+        if dm is not globals()["dge_mode"].hwdge:
+            raise _invalid(f"{api} engine={e.name} is only valid when dge_mode=hwdge, got "
+                           f"dge_mode={dm.name}")
     for param, t in (("dst", dst), ("src", src)):
         _tensor(t, api, param)
         if t.root.buffer == "psum":
@@ -446,11 +471,39 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_mode.unknown,
     where lower is higher priority (NeuronCore-v4+ only)": a scheduling hint with no effect on
     values, accepted and ignored (nkisim models no DMA queue priorities)."""
     api = "dma_transpose"
-    _enum(globals()["dge_mode"], dge_mode, api, "dge_mode")
+    dm = _enum(globals()["dge_mode"], dge_mode, api, "dge_mode")
     _enum(globals()["oob_mode"], oob_mode, api, "oob_mode")
     _tensor(dst, api, "dst")
-    if dst.root.buffer == "psum":
-        raise _invalid(f"{api} dst cannot be in PSUM (tensor '{dst.name}')")
+    _tensor(src, api, "src")
+    if dst.root.buffer != "sbuf":
+        raise _invalid(f"{api} dst must be in SBUF, got {dst.root.buffer.upper()} tensor "
+                       f"'{dst.name}' (\"dst: the destination of transpose, must be a tile in "
+                       "SBUF\")")
+    if src.dtype != dst.dtype:
+        raise _invalid(f"{api} src dtype {dtypes.name(src.dtype)} differs from dst "
+                       f"{dtypes.name(dst.dtype)} (\"src.dtype == dst.dtype\")")
+    if dm is globals()["dge_mode"].hwdge:
+        # "If hwdge, this instruction will be lowered to a Hardware DGE transpose"
+        nd, s0 = len(src.shape), src.shape[0]
+        why = None
+        if nd == 2 and s0 != 16:
+            why = f"for 2-d input tiles, src.shape[0] == 16 (got {s0})"
+        elif nd in (3, 4) and (s0 not in (1, 2, 4, 8, 16) or (s0 * src.shape[-2]) % 16):
+            why = ("for 3-d/4-d input tiles, src.shape[0] must be in {1, 2, 4, 8, 16} and "
+                   f"(src.shape[0] * src.shape[-2]) % 16 == 0 (got {list(src.shape)})")
+        elif src.shape[-1] > 128:
+            why = f"src.shape[-1] <= 128 (got {src.shape[-1]})"
+        elif dtypes.itemsize(src.dtype) != 2:
+            why = f"src.dtype is 2 bytes (got {dtypes.name(src.dtype)})"
+        if why:
+            raise _invalid(f"{api} with dge_mode=hwdge needs {why}")
+    elif dm is globals()["dge_mode"].none:
+        # "The only valid dge_modes are unknown and hwdge" (direct) / "unknown and swdge"
+        # (indirect); AWS's nki-library mlp_tkg_gate_up_projection (CI-tested) passes
+        # dge_mode=_DGE_MODE_NONE (3) to dma_transpose: a tolerated rule
+        context.current().rule(
+            ("dma_transpose_dge_none",), f"{api}() dge_mode=none",
+            "The only valid dge_mode s are unknown and hwdge", _DOCS + "nki.isa.dma_transpose.html")
     res = _core.dma_transpose(_tensor(src, api, "src"), axes=axes, dtype=dst.dtype)
     if not at_least("0.6") and tuple(dst.shape) != tuple(res.shape):
         raise _invalid(f"{api} dst shape {shape_str(dst.shape)} must be the transposed shape "
@@ -482,7 +535,8 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
     """``dst = data1 <op> data2``: same partitions and elements per partition, no implicit
     broadcast ("use tensor_scalar"); ``data1`` and ``data2`` cannot both be in PSUM."""
     api = "tensor_tensor"
-    eng = _core_engine(engine, api)
+    # "engine: nki.isa.engine.vector, nki.isa.engine.gpsimd or nki.isa.engine.unknown"
+    eng = _core_engine(engine, api, ("vector", "gpsimd"))
     _onchip(dst, api, "dst")
     _onchip(data1, api, "data1")
     _onchip(data2, api, "data2")
@@ -500,6 +554,13 @@ def tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None):
     _no_gpsimd_psum(api, eng, dst=dst, data1=data1, data2=data2)
     if data1.root.buffer == "psum" and data2.root.buffer == "psum":
         raise _invalid(f"{api} data1 and data2 cannot both be in PSUM")
+    if _core._alu_name(_tok(op), api) in _core._BITVEC:
+        # "For bitvec operators, the input/output data types must be integer types"
+        for param, t in (("data1", data1), ("data2", data2), ("dst", dst)):
+            if not dtypes.is_int(t.dtype):
+                raise _invalid(f"{api} with a bitvec operator needs integer tiles: {param} is "
+                               f"{dtypes.name(t.dtype)} (\"For bitvec operators, the "
+                               "input/output data types must be integer types\")")
     if data1.shape[0] != data2.shape[0] or data1.size != data2.size:
         raise _invalid(f"{api} data1 {shape_str(data1.shape)} and data2 "
                        f"{shape_str(data2.shape)} must have the same partitions and elements "
@@ -550,6 +611,14 @@ def scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False
     _no_gpsimd_psum(api, eng, dst=dst, data=data, operand0=operand0, operand1=operand1)
     if data.root.buffer == "psum" and operand1.root.buffer == "psum":
         raise _invalid(f"{api} data and operand1 cannot both be in PSUM")
+    if operand1.shape[0] != data.shape[0] or operand1.size != data.size:
+        raise _invalid(f"{api} operand1 {shape_str(operand1.shape)} must have the shape of data "
+                       f"{shape_str(data.shape)} (\"The operand1 tile must have the same shape "
+                       "as data for element-wise operation\")")
+    for param, op in (("op0", op0), ("op1", op1)):
+        if _core._alu_name(_tok(op), api) in _core._BITVEC:
+            raise _invalid(f"{api} {param} must be an arithmetic operator (\"Bitvec operators "
+                           "are not supported\")")
     return _direct(dst, api, name, _core.scalar_tensor_tensor, data=data, op0=_tok(op0),
                    operand0=operand0, op1=_tok(op1), operand1=operand1, reverse0=reverse0,
                    reverse1=reverse1, dtype=dst.dtype, engine=eng)
@@ -564,6 +633,9 @@ def tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, rev
     _onchip(dst, api, "dst")
     _onchip(data0, api, "data0")
     _onchip(data1, api, "data1")
+    if data0.root.buffer == "psum" and data1.root.buffer == "psum":
+        raise _invalid(f"{api} data0 and data1 cannot both be in PSUM (\"The two input tiles, "
+                       "data0 and data1 cannot both reside in PSUM\")")
     res = _core.tensor_tensor_scan(data0, data1, initial, _tok(op0), _tok(op1), reverse0, reverse1,
                                    dtype=dst.dtype)
     return _into(dst, res, api, name)
@@ -738,6 +810,14 @@ def select_reduce(dst, predicate, on_true, on_false, reduce_res=None,
     api = "select_reduce"
     for param, t in (("dst", dst), ("predicate", predicate), ("on_true", on_true)):
         _onchip(t, api, param)
+    _dtype_rule(api, "on_true", on_true, dtypes.SUPPORTED - {dtypes.TF32, np.dtype(np.int32),
+                                                             np.dtype(np.uint32)},
+                "\"on_true can be any supported dtype except tfloat32, int32, uint32\"")
+    _dtype_rule(api, "predicate", predicate, _SELECT_PRED, "\"predicate dtype can be any "
+                "supported integer type int8, uint8, int16, uint16\"")
+    if isinstance(reduce_res, Tensor) and not dtypes.is_float(reduce_res.dtype):
+        raise _invalid(f"{api} reduce_res dtype {dtypes.name(reduce_res.dtype)} is not allowed: "
+                       "\"reduce_res dtype must of float type\"")
     _core.select_reduce(dst=dst, predicate=predicate, on_true=on_true, on_false=on_false,
                         reduce_res=reduce_res, reduce_cmd=_core_reduce_cmd(reduce_cmd, api),
                         reduce_op=_tok(reduce_op), reverse_pred=reverse_pred)
@@ -753,6 +833,17 @@ def range_select(dst, on_true_tile, comp_op0, comp_op1, bound0, bound1,
     api = "range_select"
     _onchip(dst, api, "dst")
     _onchip(on_true_tile, api, "on_true_tile")
+    if not dtypes.is_float(on_true_tile.dtype):
+        raise _invalid(f"{api} on_true_tile dtype {dtypes.name(on_true_tile.dtype)} is not "
+                       "allowed: \"on_true_tile must be one of the FP dtypes\"")
+    for param, b in (("bound0", bound0), ("bound1", bound1)):
+        if isinstance(b, Tensor) and b.dtype != np.dtype(np.float32):
+            raise _invalid(f"{api} {param} dtype {dtypes.name(b.dtype)} is not allowed: "
+                           "\"bound0/bound1 must be FP32 types\"")
+    if isinstance(on_false_value, Tensor) or np.float32(on_false_value) != _ops.fp32.min:
+        raise _invalid(f"{api} on_false_value must be FP32_MIN (-3.4028235e+38), got "
+                       f"{on_false_value!r} (\"Due to hardware constraints, this must be "
+                       "FP32_MIN\")")
     res = _core.range_select(on_true_tile=on_true_tile, comp_op0=_tok(comp_op0),
                              comp_op1=_tok(comp_op1),
                              bound0=bound0, bound1=bound1,
@@ -836,6 +927,14 @@ def tensor_copy_predicated(dst, src, predicate, reverse_pred=False, name=None):
     _onchip(predicate, api, "predicate")
     if isinstance(src, Tensor):
         _onchip(src, api, "src")
+        if src.dtype != dst.dtype:
+            raise _invalid(f"{api} src dtype {dtypes.name(src.dtype)} differs from dst "
+                           f"{dtypes.name(dst.dtype)} (\"src and dst must share the same data "
+                           "type\")")
+    # "predicate must be of type uint8, uint16, or uint32" (bool, one byte as uint8, is kept:
+    # AWS's Beta 1 doc test passes np.less_equal's bool array)
+    _dtype_rule(api, "predicate", predicate, _U_PRED,
+                "\"predicate must be of type uint8, uint16, or uint32\"")
     _core.tensor_copy_predicated(src=src, dst=dst, predicate=predicate,
                                  reverse_pred=reverse_pred)
     return _last(name)
@@ -847,6 +946,18 @@ def dropout(dst, data, prob, name=None):
     api = "dropout"
     _onchip(dst, api, "dst")
     _onchip(data, api, "data")
+    if dst.dtype != data.dtype:
+        raise _invalid(f"{api} dst dtype {dtypes.name(dst.dtype)} must match the data dtype "
+                       f"{dtypes.name(data.dtype)} (\"The output data type dst.dtype must match "
+                       "the input data type data.dtype\")")
+    if isinstance(prob, Tensor):
+        _onchip(prob, api, "prob")
+        if dtypes.is_int(data.dtype) and prob.dtype != np.dtype(np.float32):
+            raise _invalid(f"{api} prob dtype {dtypes.name(prob.dtype)} must be float32 for "
+                           f"{dtypes.name(data.dtype)} data (\"If data type of data is any of "
+                           "the integer types ..., prob data type must be float32\")")
+        if not dtypes.is_int(data.dtype) and not dtypes.is_float(prob.dtype):
+            raise _invalid(f"{api} prob dtype {dtypes.name(prob.dtype)} must be a float type")
     return _into(dst, _core.dropout(data, prob, dtype=dst.dtype), api, name)
 
 
@@ -902,6 +1013,17 @@ def nc_stream_shuffle(dst, src, shuffle_mask, name=None):
     api = "nc_stream_shuffle"
     _onchip(dst, api, "dst")
     _onchip(src, api, "src")
+    # "num_active_partitions = ceil(max(src_num_partitions, dst_num_partitions)/32) * 32";
+    # "If num_active_partitions is 96/128, src_start_partition/dst_start_partition must be 0";
+    # 64: "must be 0/64"; 32: "must be 0/32/64/96"
+    active = -(-max(src.shape[0], dst.shape[0]) // 32) * 32
+    starts = {96: (0,), 128: (0,), 64: (0, 64)}.get(active, (0, 32, 64, 96))
+    for param, t in (("src", src), ("dst", dst)):
+        p0 = region(t).p0
+        if p0 not in starts:
+            raise _invalid(f"{api} {param} starts at partition {p0}; with "
+                           f"{active} active partitions the start partition must be "
+                           f"{'/'.join(map(str, starts))}")
     _core.nc_stream_shuffle(src, dst, shuffle_mask)
     return _last(name)
 
@@ -970,6 +1092,18 @@ def nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_on
     _onchip(stationary, api, "stationary", ("sbuf",))
     _onchip(moving, api, "moving", ("sbuf",))
     _one_bank(run, dst, api)
+    if not is_transpose and (stationary.dtype in _F32ISH) != (moving.dtype in _F32ISH):
+        raise _invalid(f"{api} stationary {dtypes.name(stationary.dtype)} and moving "
+                       f"{dtypes.name(moving.dtype)}: \"if one of the input tiles is "
+                       "tfloat32/float32, the other tile must also be tfloat32/float32\"")
+    if pm is matmul_perf_mode.double_row and run.arch.nc_version >= 3:
+        if stationary.dtype not in _FP8 or moving.dtype not in _FP8:
+            raise _invalid(f"{api} with perf_mode=double_row needs float8_e4m3/float8_e5m2 "
+                           f"tiles, got stationary {dtypes.name(stationary.dtype)} and moving "
+                           f"{dtypes.name(moving.dtype)}")
+        if tile_size and len(tile_size) == 2 and int(tile_size[1]) < 128:
+            raise _invalid(f"{api}: \"double_row performance mode cannot be combined with "
+                           f"Tensor Engine column tiling mode\" (tile_size={tuple(tile_size)})")
     if is_transpose:
         # a PE transpose (stationary.T @ identity) keeps the data's dtype, as nc_transpose
         # does ("dst.dtype must equal data.dtype"); AWS's nki-library core/max/cascaded_max.py

@@ -5,6 +5,7 @@ Each is a minimal reproducer written here (no corpus code), marked ``xfail(stric
 documents the gap and turns into a failure (to remove the mark) once the face accepts it.
 """
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -57,11 +58,13 @@ def test_nc_matmul_accepts_the_perf_mode_string_aws_library_passes():
         return out
 
     rng = np.random.default_rng(0)
-    w = rng.standard_normal((8, 2, 32), np.float32)         # [K, 2, M] and [K, 2, N]: both
-    x = rng.standard_normal((8, 2, 16), np.float32)         # rows of a pair are contracted
+    # double_row: "stationary and moving tiles must be one of float8_e4m3 or float8_e5m2"
+    fp8 = ml_dtypes.float8_e4m3
+    w = rng.standard_normal((8, 2, 32), np.float32).astype(fp8)   # [K, 2, M] and [K, 2, N]:
+    x = rng.standard_normal((8, 2, 16), np.float32).astype(fp8)   # rows of a pair contracted
+    want = np.einsum("kjm,kjn->mn", w.astype(np.float32), x.astype(np.float32))
     with pytest.warns(NKIRuleWarning, match="perf_mode='double_row' is a string"):
-        np.testing.assert_allclose(nki.simulate(mm)(w, x), np.einsum("kjm,kjn->mn", w, x),
-                                   rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(nki.simulate(mm)(w, x), want, rtol=1e-4, atol=1e-4)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("NKISIM_STRICT", "1")
         with pytest.raises(ValueError, match="strings"):

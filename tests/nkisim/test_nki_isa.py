@@ -720,7 +720,7 @@ def test_select_reduce_and_range_select():
         r2 = sb((8, 1))
         nisa.range_select(rs, d, ops.greater_equal, ops.less, 3.0, 9.0,
                           reduce_cmd=nisa.reduce_cmd.reset_reduce, reduce_res=r2,
-                          on_false_value=-7.0)
+                          on_false_value=ops.fp32.min)     # "this must be FP32_MIN"
         return out_of(sel), out_of(r1), out_of(rs), out_of(r2)
 
     sel, r1, rs, r2 = k(a, pred)
@@ -728,7 +728,7 @@ def test_select_reduce_and_range_select():
     np.testing.assert_array_equal(sel, exp_sel)
     np.testing.assert_array_equal(r1[:, 0], exp_sel.max(axis=1))
     i = np.arange(16)
-    exp_rs = np.where((i >= 3) & (i < 9), a, np.float32(-7.0))
+    exp_rs = np.where((i >= 3) & (i < 9), a, np.finfo(np.float32).min)
     np.testing.assert_array_equal(rs, exp_rs)
     np.testing.assert_array_equal(r2[:, 0], exp_rs.max(axis=1))
 

@@ -440,3 +440,200 @@ def test_tensor_partition_reduce_average_is_the_mean_over_partitions():
 
     (got,) = run(body, x)
     np.testing.assert_allclose(got, x.mean(axis=0, keepdims=True), rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# 12-18. documented-invalid calls: NkiValidationError quoting the docs' rule
+
+F8 = np.dtype(ml_dtypes.float8_e4m3)
+
+
+def _k(body, *arrays):
+    @nki.jit
+    def k(*xs):
+        body(*[load(x) for x in xs])
+
+    return k(*arrays)
+
+
+def test_nc_matmul_fp32_with_bf16_is_invalid():
+    # "if one of the input tiles is tfloat32/float32, the other tile must also be
+    # tfloat32/float32"
+    w, x = np.ones((8, 4), np.float32), np.ones((8, 4), BF16)
+    with invalid("the other tile must also be tfloat32/float32"):
+        _k(lambda a, b: nisa.nc_matmul(ps((4, 4)), a, b), w, x)
+
+
+def test_nc_matmul_double_row_needs_fp8_and_no_column_tiling():
+    # "when performance mode is double_row, stationary and moving tiles must be one of
+    # float8_e4m3 or float8_e5m2"; "double_row performance mode cannot be combined with Tensor
+    # Engine column tiling mode"
+    w, x = np.ones((8, 2, 32), BF16), np.ones((8, 2, 16), BF16)
+    dr = nisa.matmul_perf_mode.double_row
+    with invalid("double_row needs float8"):
+        _k(lambda a, b: nisa.nc_matmul(ps((32, 16)), a, b, perf_mode=dr), w, x)
+    w8, x8 = w.astype(F8), x.astype(F8)
+    with invalid("column tiling mode"):
+        _k(lambda a, b: nisa.nc_matmul(ps((32, 16)), a, b, perf_mode=dr, tile_position=(0, 0),
+                                       tile_size=(128, 32)), w8, x8)
+    _k(lambda a, b: nisa.nc_matmul(ps((32, 16)), a, b, perf_mode=dr), w8, x8)   # valid
+
+
+def test_tensor_copy_predicated_dtype_rules():
+    # "predicate must be of type uint8, uint16, or uint32"; "src and dst must share the same
+    # data type"
+    src, p8 = np.ones((4, 4), np.float32), np.ones((4, 4), np.int8)
+    with invalid("predicate must be of type uint8, uint16, or uint32"):
+        _k(lambda s, p: nisa.tensor_copy_predicated(sb((4, 4)), s, p), src, p8)
+    with invalid("src and dst must share the same data type"):
+        _k(lambda s, p: nisa.tensor_copy_predicated(sb((4, 4), BF16), s, p), src,
+           p8.astype(np.uint8))
+
+
+def test_select_reduce_and_range_select_dtype_rules():
+    on_true, pred = np.ones((4, 4), np.float32), np.ones((4, 4), np.uint8)
+    with invalid("except tfloat32, int32, uint32"):
+        _k(lambda t, p: nisa.select_reduce(sb((4, 4), np.int32), p, t, 0.0),
+           on_true.astype(np.int32), pred)
+    with invalid("predicate dtype can be any supported integer type"):
+        _k(lambda t, p: nisa.select_reduce(sb((4, 4)), p, t, 0.0), on_true,
+           pred.astype(np.float32))
+    with invalid("reduce_res dtype must of float type"):
+        _k(lambda t, p: nisa.select_reduce(sb((4, 4)), p, t, 0.0,
+                                           reduce_res=sb((4, 1), np.int32),
+                                           reduce_cmd=nisa.reduce_cmd.reset_reduce),
+           on_true, pred)
+    b = np.full((4, 1), 2.0, np.float32)
+    with invalid("this must be FP32_MIN"):
+        _k(lambda t, b0: nisa.range_select(sb((4, 4)), t, ops.greater_equal, ops.less, b0, b0,
+                                           on_false_value=0.0), on_true, b)
+    with invalid("bound0/bound1 must be FP32 types"):
+        _k(lambda t, b0: nisa.range_select(sb((4, 4)), t, ops.greater_equal, ops.less, b0, b0),
+           on_true, b.astype(BF16))
+    with invalid("on_true_tile must be one of the FP dtypes"):
+        _k(lambda t, b0: nisa.range_select(sb((4, 4), np.int32), t, ops.greater_equal,
+                                           ops.less, b0, b0), on_true.astype(np.int32), b)
+
+
+def test_scalar_tensor_tensor_operand1_shape_and_bitvec():
+    d, o1 = np.ones((4, 4), np.float32), np.ones((4, 2), np.float32)
+    # "The operand1 tile must have the same shape as data": a one-line validation error, not
+    # NumPy's broadcast ValueError
+    with invalid("must have the shape of data"):
+        _k(lambda a, b: nisa.scalar_tensor_tensor(sb((4, 4)), a, ops.add, 1.0, ops.add, b), d,
+           o1)
+    # "Bitvec operators are not supported"
+    i = np.ones((4, 4), np.int32)
+    with invalid("Bitvec operators are not supported"):
+        _k(lambda a, b: nisa.scalar_tensor_tensor(sb((4, 4), np.int32), a, ops.bitwise_and, 1,
+                                                  ops.add, b), i, i)
+
+
+def test_tensor_tensor_scan_inputs_not_both_in_psum():
+    # "The two input tiles, data0 and data1 cannot both reside in PSUM"
+    def body(a, b):
+        pa, pb = ps((4, 4)), ps((4, 4))
+        nisa.tensor_copy(pa, a)
+        nisa.tensor_copy(pb, b)
+        nisa.tensor_tensor_scan(sb((4, 4)), pa, pb, 0.0, ops.multiply, ops.add)
+
+    x = np.ones((4, 4), np.float32)
+    with invalid("cannot both reside in PSUM"):
+        _k(body, x, x)
+
+
+def test_tensor_tensor_bitvec_needs_integers_and_engine_values():
+    # "For bitvec operators, the input/output data types must be integer types"
+    x = np.ones((4, 4), np.float32)
+    with invalid("must be integer types"):
+        _k(lambda a, b: nisa.tensor_tensor(sb((4, 4)), a, b, ops.bitwise_and), x, x)
+    # "engine: nki.isa.engine.vector, nki.isa.engine.gpsimd or nki.isa.engine.unknown"
+    with invalid("engine scalar is not supported"):
+        _k(lambda a, b: nisa.tensor_tensor(sb((4, 4)), a, b, ops.add,
+                                           engine=nisa.engine.scalar), x, x)
+
+
+def test_nc_stream_shuffle_start_partition_rules():
+    # "If num_active_partitions is 64, src_start_partition/dst_start_partition must be 0/64";
+    # 32 active partitions may start at 0/32/64/96 (AWS's nki-library broadcasts that way)
+    x = np.ones((128, 4), np.float32)
+
+    def body(a, start, n):
+        nisa.nc_stream_shuffle(a[start:start + n, :], a[0:1 if n == 32 else n, :], [0] * 32)
+
+    with invalid("start partition must be 0/64"):
+        _k(lambda a: body(a, 32, 64), x)
+    for start in (0, 32, 64, 96):
+        _k(lambda a, s=start: body(a, s, 32), x)
+    _k(lambda a: body(a, 64, 64), x)
+
+
+def test_dropout_dtype_rules():
+    x = np.ones((4, 4), np.float32)
+    # "The output data type dst.dtype must match the input data type data.dtype"
+    with invalid("must match the data dtype"):
+        _k(lambda a: nisa.dropout(sb((4, 4), BF16), a, 0.5), x)
+    # "If data type of data is any of the integer types ..., prob data type must be float32"
+    with invalid("must be float32"):
+        _k(lambda a, p: nisa.dropout(sb((4, 4), np.int32), a, p), x.astype(np.int32),
+           np.full((4, 1), 0.5, BF16))
+
+
+def test_dma_transpose_dst_dtype_and_hwdge_rules():
+    x = np.ones((16, 32), BF16)
+
+    @nki.jit
+    def k(a, case):
+        if case == "hbm":
+            nisa.dma_transpose(ops.ndarray((32, 16), BF16, buffer=ops.shared_hbm), a)
+        elif case == "dtype":
+            nisa.dma_transpose(sb((32, 16), np.float32), a)
+        elif case == "hwdge_rows":
+            nisa.dma_transpose(sb((32, 8), BF16), a[0:8, :], dge_mode=nisa.dge_mode.hwdge)
+        elif case == "hwdge_fp32":
+            t = sb((16, 32), np.float32)
+            nisa.tensor_copy(t, load(a))
+            nisa.dma_transpose(sb((32, 16), np.float32), t, dge_mode=nisa.dge_mode.hwdge)
+        else:
+            d = sb((32, 16), BF16)
+            nisa.dma_transpose(d, a, dge_mode=nisa.dge_mode.hwdge)
+            return out_of(d)
+
+    for case, msg in (("hbm", "must be a tile in SBUF"), ("dtype", r"src.dtype == dst.dtype"),
+                      ("hwdge_rows", r"src.shape\[0\] == 16"),
+                      ("hwdge_fp32", "src.dtype is 2 bytes")):
+        with invalid(msg):
+            k(x, case)
+    np.testing.assert_array_equal(k(x, "ok").astype(np.float32), x.T.astype(np.float32))
+
+
+def test_dma_transpose_dge_mode_none_is_a_tolerated_rule():
+    # "The only valid dge_modes are unknown and hwdge"; AWS's nki-library
+    # mlp_tkg_gate_up_projection passes dge_mode=_DGE_MODE_NONE: a warning, not an error
+    from nkisim.errors import NKIRuleWarning
+    x = np.ones((16, 32), BF16)
+
+    @nki.jit
+    def k(a):
+        d = sb((32, 16), BF16)
+        nisa.dma_transpose(d, a, dge_mode=nisa.dge_mode.none)
+        return out_of(d)
+
+    with pytest.warns(NKIRuleWarning, match="only valid dge_mode"):
+        np.testing.assert_array_equal(k(x).astype(np.float32), x.T.astype(np.float32))
+
+
+def test_dma_copy_engine_values():
+    # "engine: the engine to use for HWDGE descriptor generation: nki.isa.engine.sync or
+    # nki.isa.engine.scalar. Only valid when dge_mode=nisa.dge_mode.hwdge"
+    x = np.ones((4, 4), np.float32)
+
+    @nki.jit
+    def k(a, engine, dge):
+        nisa.dma_copy(sb((4, 4)), a, engine=engine, dge_mode=dge)
+
+    with invalid("only valid when dge_mode=hwdge"):
+        k(x, nisa.engine.sync, nisa.dge_mode.unknown)
+    with invalid("use sync or scalar"):
+        k(x, nisa.engine.vector, nisa.dge_mode.hwdge)
+    k(x, nisa.engine.scalar, nisa.dge_mode.hwdge)
