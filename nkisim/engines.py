@@ -575,6 +575,15 @@ def _activation_regs(run, api, res, out, P, reduce_op, reduce_res, cmd):
                                 else ""))
     key = ("scalar", P)
     acc = run.vector_acc.get(key)
+    if acc is None and reduce_res is not None and cmd in (reduce_cmd.idle, reduce_cmd.reduce):
+        # the registers' value before any reset is not documented: reading it out (idle, the
+        # default) or adding to it (reduce) is a kernel bug on the device; nkisim uses 0
+        run.warn(("activation_regs_unset", api),
+                 f"{api}(..., reduce_res=...) with reduce_cmd={cmd.name}"
+                 f"{' (the default)' if cmd is reduce_cmd.idle else ''} reads the Scalar "
+                 "Engine's accumulator registers, which no instruction has reset: their value "
+                 "on the device is undefined (nkisim reads 0). Pass reduce_cmd="
+                 "nisa.reduce_cmd.reset_reduce for this instruction's own reduction")
     if cmd in (reduce_cmd.reset, reduce_cmd.reset_reduce) or acc is None:
         acc = np.zeros((P, 1), np.float32)
     if reducing:

@@ -282,6 +282,24 @@ def test_activation_idle_reads_out_the_registers_unchanged():
     assert _chain((1.0, "reset_reduce", False), (2.0, "idle", True)) == [[10, 26]]
 
 
+@pytest.mark.parametrize("cmd", ["idle", "reduce"])
+def test_activation_reading_registers_nothing_reset_is_warned(cmd):
+    # the docs give no value for the registers before a reset: with the default idle, a kernel
+    # that forgot reduce_cmd=reset_reduce reads undefined registers on the device
+    from nkisim.errors import NKIWarning
+    with pytest.warns(NKIWarning, match=f"reduce_cmd={cmd}.*no instruction has reset"):
+        _chain((1.0, cmd, True))
+
+
+def test_activation_registers_reset_first_are_not_warned():
+    import warnings
+
+    from nkisim.errors import NKIWarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NKIWarning)
+        assert _chain((1.0, "reset", False), (1.0, "reduce", True)) == [[10, 26]]
+
+
 def test_activation_reduce_accumulates_over_the_registers():
     assert _chain((1.0, "reset_reduce", True), (2.0, "reduce", True),
                   (3.0, "reduce", True)) == [[10, 26], [30, 78], [60, 156]]
