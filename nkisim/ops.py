@@ -703,8 +703,10 @@ def load_transpose2d(src, *, mask=None, dtype=None, **kwargs):
 
 
 @into_target
-def copy(src, *, mask=None, dtype=None, buffer=None, **kwargs):
+def copy(src, *rest, mask=None, dtype=None, buffer=None, **kwargs):
     """SBUF/PSUM -> a new SBUF tile (e.g. PSUM evacuation with a cast)."""
+    if rest:
+        dtype, = positional_check("copy", 1, rest, ("dtype",), (dtype,))
     if mask is not None or kwargs:
         keywords_check("copy", mask, kwargs)
     run = context.current()
@@ -960,8 +962,28 @@ def keywords_check(api, mask, kwargs) -> None:
                      if bad == "mask" else ""))
 
 
+def positional_check(api, fixed, rest, names, given) -> tuple:
+    """Positional arguments past an nl wrapper's fixed ones: nki 0.3+ signatures take them
+    (``add(x, y, dtype=None)``, ``sum(x, axis, dtype=None, keepdims=False)``; STUB-R32), Beta
+    1's are keyword-only (``add(x, y, *, dtype=None, mask=None, **kwargs)``), where Python
+    raises its TypeError. Returns the values for ``names`` (``given`` where not passed)."""
+    run = context.maybe_current()
+    if run is None or not run.rules.strict_keywords or len(rest) > len(names):
+        n = fixed + (len(names) if run is not None and run.rules.strict_keywords else 0)
+        raise TypeError(f"{api}() takes {n} positional argument{'s' if n != 1 else ''} but "
+                        f"{fixed + len(rest)} were given")
+    out = list(given)
+    for i, v in enumerate(rest):
+        if given[i] is not None and given[i] is not False:
+            raise TypeError(f"{api}() got multiple values for argument '{names[i]}'")
+        out[i] = v
+    return tuple(out)
+
+
 def _make_binary(name):
-    def op(x, y, *, dtype=None, mask=None, **kwargs):
+    def op(x, y, *rest, dtype=None, mask=None, **kwargs):
+        if rest:
+            dtype, = positional_check(name, 2, rest, ("dtype",), (dtype,))
         if mask is not None or kwargs:
             keywords_check(name, mask, kwargs)
         return _binary(name, x, y, dtype, mask)
@@ -1081,7 +1103,9 @@ def _unary(name, x, dtype, mask):
 
 
 def _make_unary(name):
-    def op(x, *, dtype=None, mask=None, **kwargs):
+    def op(x, *rest, dtype=None, mask=None, **kwargs):
+        if rest:
+            dtype, = positional_check(name, 1, rest, ("dtype",), (dtype,))
         if mask is not None or kwargs:
             keywords_check(name, mask, kwargs)
         return _unary(name, x, dtype, mask)
@@ -1244,7 +1268,10 @@ def _reduce(name, x, axis, dtype, mask, keepdims):
 
 
 def _make_reduce(name):
-    def op(x, axis, *, dtype=None, mask=None, keepdims=False, **kwargs):
+    def op(x, axis, *rest, dtype=None, mask=None, keepdims=False, **kwargs):
+        if rest:
+            dtype, keepdims = positional_check(name, 2, rest, ("dtype", "keepdims"),
+                                               (dtype, keepdims))
         if mask is not None or kwargs:
             keywords_check(name, mask, kwargs)
         return _reduce(name, x, axis, dtype, mask, keepdims)
@@ -1262,8 +1289,10 @@ all = _make_reduce("all")  # noqa: A001
 var = _make_reduce("var")
 
 
-def where(condition, x, y, *, dtype=None, mask=None, **kwargs):
+def where(condition, x, y, *rest, dtype=None, mask=None, **kwargs):
     """Select ``x`` where ``condition`` else ``y`` (VectorE)."""
+    if rest:
+        dtype, = positional_check("where", 3, rest, ("dtype",), (dtype,))
     if mask is not None or kwargs:
         keywords_check("where", mask, kwargs)
     run = context.current()

@@ -431,3 +431,24 @@ def test_op_codes_that_are_not_functions():
             tok(1)
     from nkisim import accumulate
     assert accumulate._bypass(nl.bypass) and not accumulate._bypass(nl.add)
+
+
+def test_nki_wrappers_take_dtype_and_keepdims_positionally():
+    # STUB-R32: add(x, y, dtype=None), exp(x, dtype=None), sum(x, axis, dtype=None,
+    # keepdims=False), where(condition, x, y, dtype=None), copy(x, dtype=None)
+    x = rand((8, 16))
+    got = run(_load_store(lambda t: nl.add(t, t, nl.bfloat16)), x)
+    assert got.dtype == nl.bfloat16
+    np.testing.assert_array_equal(got, (2 * x).astype(nl.bfloat16))
+    assert run(_load_store(lambda t: nl.exp(t, nl.float16)), x).dtype == np.float16
+    assert run(_load_store(lambda t: nl.copy(t, nl.float16)), x).dtype == np.float16
+    got = run(_load_store(lambda t: nl.sum(t, 1, nl.float32, True)), x)
+    np.testing.assert_allclose(got, x.sum(axis=1, keepdims=True), rtol=1e-6)
+    with pytest.raises(TypeError, match="multiple values for argument 'dtype'"):
+        run(_load_store(lambda t: nl.add(t, t, nl.float32, dtype=nl.float32)), x)
+
+
+def test_beta1_wrappers_keep_dtype_keyword_only():
+    # Beta 1: add(x, y, *, dtype=None, mask=None, **kwargs): Python's TypeError
+    with pytest.raises(TypeError, match=r"add\(\) takes 2 positional arguments but 3"):
+        run_b1(_load_store(lambda t: bnl.add(t, t, bnl.float32), face=bnl), rand((8, 16)))
