@@ -20,6 +20,13 @@ float16 = np.float16
 bfloat16 = np.dtype(ml_dtypes.bfloat16)
 float8_e4m3 = np.dtype(ml_dtypes.float8_e4m3)
 float8_e5m2 = np.dtype(ml_dtypes.float8_e5m2)
+# nki 2.28 / 0.5.0 (0.6.0 stub: "float8_e4m3fn ... Extended range: no inf, NaN represented by
+# 0bS111'1111"; "float8_e8m0fnu ... (0S,8E,0M) - unsigned, NaN represented by 0xFF"; both in
+# shared_constant's "Supported element types"): ml_dtypes' types of those names. Storable and
+# castable like the other fp8 types (engines read them as fp32); nc_matmul does not take them
+# (its dtype table is nkisim.engines').
+float8_e4m3fn = np.dtype(ml_dtypes.float8_e4m3fn)
+float8_e8m0fnu = np.dtype(ml_dtypes.float8_e8m0fnu)
 tfloat32 = np.dtype("V4")
 int8, int16, int32 = np.int8, np.int16, np.int32
 uint8, uint16, uint32 = np.uint8, np.uint16, np.uint32
@@ -28,7 +35,9 @@ bool_ = np.bool_
 F32 = np.dtype(np.float32)
 TF32 = np.dtype("V4")
 
-FLOATS = {np.dtype(t) for t in (np.float32, np.float16, bfloat16, float8_e4m3, float8_e5m2)}
+FLOATS = {np.dtype(t) for t in (np.float32, np.float16, bfloat16, float8_e4m3, float8_e5m2,
+                                 float8_e4m3fn, float8_e8m0fnu)}
+FP8 = {float8_e4m3, float8_e5m2, float8_e4m3fn, float8_e8m0fnu}
 FLOATS.add(TF32)
 INTS = {np.dtype(t) for t in (np.int8, np.int16, np.int32, np.uint8, np.uint16, np.uint32)}
 SUPPORTED = FLOATS | INTS | {np.dtype(np.bool_)}
@@ -44,7 +53,8 @@ def normalize(dtype) -> np.dtype:
     if isinstance(dtype, str):
         named = {"bfloat16": bfloat16, "float8_e4m3": float8_e4m3, "float8_e5m2": float8_e5m2,
                  "tfloat32": TF32, "tf32": TF32, "bf16": bfloat16, "fp16": np.dtype(np.float16),
-                 "fp32": F32, "fp8_e4m3": float8_e4m3, "fp8_e5m2": float8_e5m2}
+                 "fp32": F32, "fp8_e4m3": float8_e4m3, "fp8_e5m2": float8_e5m2,
+                 "float8_e4m3fn": float8_e4m3fn, "float8_e8m0fnu": float8_e8m0fnu}
         if dtype in named:
             return named[dtype]
     return np.dtype(dtype)
@@ -75,6 +85,12 @@ def itemsize(dtype) -> int:
 
 def is_float(dtype) -> bool:
     return normalize(dtype) in FLOATS
+
+
+def floating(dt: np.dtype) -> bool:
+    """Is an array dtype a floating-point one (NumPy's, or ml_dtypes' bfloat16/fp8, whose kind
+    is "V")? For the casts to integers, which round to nearest and saturate."""
+    return dt.kind == "f" or dt in FLOATS
 
 
 def is_int(dtype) -> bool:
@@ -109,7 +125,10 @@ def cast(values, dtype) -> np.ndarray:
         return _round_tf32(arr.astype(np.float32))
     if arr.dtype == d:
         return arr
-    if d in INTS and arr.dtype.kind == "f":
+    if d in INTS and floating(arr.dtype):
+        # (ml_dtypes' bfloat16 and fp8 have kind "V": without the FLOATS test a bf16 value was
+        # truncated and wrapped, 300.0 -> int8 44; the engines widen to fp32 exactly first, "an
+        # intermediate FP32 cast when input and output data types differ", Beta 1 isa docs)
         info = np.iinfo(d)
         a = np.rint(arr.astype(np.float64))
         a = np.nan_to_num(a, nan=0.0, posinf=info.max, neginf=info.min)
@@ -129,7 +148,8 @@ def to_f32(arr: np.ndarray) -> np.ndarray:
 
 # ---- type promotion (ref §1.3 "NKI Type Promotion") ----
 _FLOAT_RANK = {  # width order used for (float, float) promotion
-    np.dtype(float8_e4m3): 1, np.dtype(float8_e5m2): 1, bfloat16: 2,
+    np.dtype(float8_e4m3): 1, np.dtype(float8_e5m2): 1, float8_e4m3fn: 1, float8_e8m0fnu: 1,
+    bfloat16: 2,
     np.dtype(np.float16): 2, TF32: 3, F32: 4,
 }
 
@@ -150,8 +170,10 @@ def promote(a, b) -> np.dtype:
         pair = {a, b}
         if pair == {np.dtype(np.float16), bfloat16}:
             return F32                                  # (fp16, bf16) -> fp32
-        if pair == {float8_e4m3, float8_e5m2}:
-            return bfloat16                             # (fp8_e4m3, fp8_e5m2) -> bf16
+        if pair <= FP8:
+            # (fp8_e4m3, fp8_e5m2) -> bf16 (ref §1.3); two other fp8 types alike (nkisim's
+            # choice: the table predates float8_e4m3fn / float8_e8m0fnu)
+            return bfloat16
         return a if _FLOAT_RANK[a] >= _FLOAT_RANK[b] else b
     # (int, int)
     if a == np.dtype(np.bool_):

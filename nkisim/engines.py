@@ -319,11 +319,25 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unkn
                         params=f"data1{shape_str(a.shape)}, data2{shape_str(b.shape)}", api=api)
     if a.root.buffer == "psum" and b.root.buffer == "psum":
         raise nki_error("nkisim_both_inputs_psum", api=api)
-    eng = VECTOR if engine is _UNKNOWN else _engine(engine, VECTOR, api)
+    # "engine: nki.isa.vector_engine, nki.isa.gpsimd_engine or nki.isa.unknown_engine" (Beta 1
+    # tensor_tensor doc; 0.3+ the same: the nki face checks it too)
+    eng = VECTOR if engine is _UNKNOWN else _engine(engine, VECTOR, api, (VECTOR, GPSIMD))
+    if name == "power":
+        eng = GPSIMD      # "power ... run[s] on the GpSimd Engine" (Beta 1 and 0.3+ docs)
     if eng == GPSIMD and (a.root.buffer == "psum" or b.root.buffer == "psum"):
-        raise nki_error("err_unsupported_memory", param="data1", api="tensor_tensor (gpsimd)",
+        # "Since GpSimd Engine cannot access PSUM, the input or output tiles cannot be in PSUM
+        # if op is one of the GpSimd operations" (Beta 1 tensor_tensor doc)
+        raise nki_error("err_unsupported_memory", param="data1" if a.root.buffer == "psum"
+                        else "data2", api=f"tensor_tensor ({name} on gpsimd)",
                         expected="sbuf", got="psum")
     bitvec = name in _BITVEC
+    if bitvec and not (dtypes.is_int(a.dtype) and dtypes.is_int(b.dtype)):
+        # "For bitvec operators, the input/output data types must be integer types" (Beta 1
+        # and 0.3+ tensor_tensor docs; nl.bitwise_and, tensor_scalar, tensor_reduce refuse it)
+        raise nki_error("nkisim_operand_dtype", param="data1" if not dtypes.is_int(a.dtype)
+                        else "data2", api=api, dtype=dtypes.name(
+                            a.dtype if not dtypes.is_int(a.dtype) else b.dtype),
+                        allowed="integer dtypes (bitvec ops)")
     exact = not bitvec and _int_exact(run, name, a, b, dtype, engine, eng)
     if exact and engine is _UNKNOWN:
         eng = GPSIMD
@@ -397,6 +411,9 @@ def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, 
     api = "scalar_tensor_tensor"
     x = _tile(data, api, "data")
     t1 = _tile(operand1, api, "operand1")
+    if x.root.buffer == "psum" and t1.root.buffer == "psum":
+        # "data and operand1 ... can't both be on PSUM" (Beta 1 scalar_tensor_tensor doc)
+        raise nki_error("nkisim_both_inputs_psum", api=api)
     if t1.shape[0] != x.shape[0]:
         raise nki_error("err_num_partition_mismatch",
                         params=f"data{shape_str(x.shape)}, operand1{shape_str(t1.shape)}",
@@ -423,6 +440,10 @@ def tensor_tensor_scan(data0, data1, initial, op0, op1, reverse0=False, reverse1
     api = "tensor_tensor_scan"
     a = _tile(data0, api, "data0")
     b = _tile(data1, api, "data1")
+    if a.root.buffer == "psum" and b.root.buffer == "psum":
+        # "The two input tiles, data0 and data1 cannot both reside in PSUM" (Beta 1 and 0.3+
+        # tensor_tensor_scan docs)
+        raise nki_error("nkisim_both_inputs_psum", api=api)
     n0, n1 = _alu_name(op0, api), _alu_name(op1, api)
     va = _tile_vals(a, api, run).reshape(a.shape[0], -1)
     vb = _tile_vals(b, api, run).reshape(b.shape[0], -1)

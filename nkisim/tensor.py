@@ -1699,7 +1699,7 @@ def _same_values(t: Tensor, vals, mask, add) -> bool:
         cur = values(t)
         dt = t.dtype
         new = dtypes.cast(vals, dt) if dt == dtypes.TF32 or \
-            (dt.kind in "iub" and np.asarray(vals).dtype.kind == "f") else np.asarray(vals)
+            (dt.kind in "iub" and dtypes.floating(np.asarray(vals).dtype)) else np.asarray(vals)
         new = np.broadcast_to(new.astype(cur.dtype, copy=False), cur.shape)
     except (ValueError, TypeError):
         return False
@@ -1758,7 +1758,7 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
         if lazy and root.shadow is not None:
             lazy = False                  # the checks materialized the boxes
     dt = t.dtype
-    if dt == dtypes.TF32 or (dt.kind in "iub" and np.asarray(vals).dtype.kind == "f"):
+    if dt == dtypes.TF32 or (dt.kind in "iub" and dtypes.floating(np.asarray(vals).dtype)):
         vals = dtypes.cast(vals, dt)
     idx = t._idx
     unp = root.unpoisoned
