@@ -215,8 +215,7 @@ def _evacuate(ps, ot, cm, bias_sb, co, r, pool, engine):
     or the max over each pool-wide column window into the fp32 band buffer ``cm``."""
     nr, cols = ps.shape[1], ps.shape[2]
     if pool == 1:
-        nisa.tensor_scalar(dst=ot[:, co, r:r + nr, :], data=ps, op0=nl.add,
-                           operand0=bias_sb[:, co:co + 1], engine=engine)
+        _add_bias(ot[:, co, r:r + nr, :], ps, bias_sb[:, co:co + 1], engine)
     else:
         nisa.tensor_reduce(dst=cm[:, r:r + nr, :], op=nl.maximum,
                            data=ps.reshape((PMAX, nr, cols // pool, pool)), axis=(3,))
@@ -233,5 +232,14 @@ def _pool_rows(cm, ot, bias_sb, co, pool):
     for j in range(2, pool):
         nisa.tensor_tensor(dst=mx, data1=mx, data2=rows_v[:, :, j * pw:(j + 1) * pw],
                            op=nl.maximum)
-    nisa.tensor_scalar(dst=ot[:, co, :, :], data=mx, op0=nl.add, operand0=bias_sb[:, co:co + 1],
-                       engine=nisa.engine.scalar)
+    _add_bias(ot[:, co, :, :], mx, bias_sb[:, co:co + 1], nisa.engine.scalar)
+
+
+def _add_bias(dst, src, bias, engine):
+    """``dst = src + bias`` (a (128, 1) column) on ``engine``. The Scalar Engine adds with
+    tensor_scalar only from NeuronCore-v3 (Beta 1 ALU table: "Add and Multiply are supported on
+    Scalar Engine only from NeuronCore-v3"); on gen2 its add is the activation's bias."""
+    if engine == nisa.engine.scalar and nisa.get_nc_version() == nisa.nc_version.gen2:
+        nisa.activation(dst=dst, op=nl.copy, data=src, bias=bias)
+    else:
+        nisa.tensor_scalar(dst=dst, data=src, op0=nl.add, operand0=bias, engine=engine)

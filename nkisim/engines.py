@@ -226,6 +226,9 @@ def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=oob_mode.error,
         raise nki_error("nkisim_shape_mismatch", params=f"dst{shape_str(dst.shape)}, "
                         f"src{shape_str(src.shape)}", api="dma_copy",
                         why=f"element counts differ ({dst.size} vs {src.size})")
+    if dge_mode is not None and int(dge_mode) == int(globals()["dge_mode"].hwdge):
+        # "HWDGE is only supported for NeuronCore-v3+" (Beta 1 dma_copy doc)
+        require_nc_version(run, "dma_copy (dge_mode=hwdge)", 3)
     if oob_mode == globals()["oob_mode"].skip:
         # out-of-bound rows of an indirect access are not moved (dma_copy docs, oob_mode;
         # aws-neuron-sdk nki/test/test_nki_isa_dma_copy.py *_oob_skip)
@@ -285,6 +288,14 @@ def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, 
         raise nki_error("nkisim_operand_dtype", param="data", api=api,
                         dtype=dtypes.name(x.dtype), allowed="integer dtypes (bitvec ops)")
     eng = _engine(engine, VECTOR, api)
+    if eng == SCALAR and run.arch.nc_version < 3:
+        # "Add and Multiply are supported on Scalar Engine only from NeuronCore-v3" (Beta 1 ALU
+        # table, nki.api.shared.rst); the table lists no other tensor_scalar operator there
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why="the Scalar Engine runs tensor_scalar arithmetic only from "
+                            "NeuronCore-v3 (\"Add and Multiply are supported on Scalar Engine "
+                            "only from NeuronCore-v3\"): on trn1 use nisa.activation(op=nl.copy, "
+                            "data=..., bias=..., scale=...) or the Vector Engine")
     v = read(x, api, run).reshape(_tile_shape(x))
     v = v if bitvec else dtypes.to_f32(v)
     o0, t0 = _scalar_operand(operand0, x, api, "operand0", run)

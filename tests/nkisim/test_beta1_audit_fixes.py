@@ -99,3 +99,33 @@ def test_power_runs_on_gpsimd_from_sbuf():
     np.testing.assert_allclose(got, a.astype(np.float64) ** a, rtol=2e-6)
     ins = [i for i in last_run().trace.instrs if i.op == "tensor_tensor"]
     assert [i.engine for i in ins] == ["gpsimd"]
+
+
+def _on(target, case, monkeypatch):
+    monkeypatch.setenv("NKISIM_TARGET", target)
+
+    @nki.jit
+    def k(a):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        x = nl.load(a)
+        if case == "scalar_add":
+            r = nisa.tensor_scalar(x, nl.add, 1.0, engine=nisa.scalar_engine)
+            nl.store(out, r)
+        else:
+            nisa.dma_copy(dst=out, src=a, dge_mode=nisa.dge_mode.hwdge)
+        return out
+    a = np.arange(8 * 4, dtype=np.float32).reshape(8, 4)
+    return a, nki.simulate_kernel(k, a)
+
+
+@pytest.mark.parametrize("case,msg", [
+    # "Add and Multiply are supported on Scalar Engine only from NeuronCore-v3" (ALU table)
+    ("scalar_add", "only from NeuronCore-v3"),
+    # dma_copy: "HWDGE is only supported for NeuronCore-v3+"
+    ("hwdge", "NeuronCore-v3"),
+])
+def test_neuroncore_v3_features_are_refused_on_trn1_and_run_on_trn2(case, msg, monkeypatch):
+    with pytest.raises(ValueError, match=msg):
+        _on("trn1", case, monkeypatch)
+    a, got = _on("trn2", case, monkeypatch)
+    np.testing.assert_array_equal(got, a + 1 if case == "scalar_add" else a)
