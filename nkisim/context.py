@@ -166,6 +166,35 @@ class Rules:
     # out ("if reduce_res: reduce_res = reduce_regs"). Beta 1 (nkisim's behaviour before):
     # reduce_res receives this instruction's own reduction whatever reduce_cmd says.
     activation_reduce_regs: bool = False
+    # Negative indices and negative slice bounds count from the end, as in Python/NumPy: the
+    # 0.6.0 stub (NkiTensor.__getitem__) "Supports integers (select), slices, ``Ellipsis``,
+    # negative indices, and nl.ds"; loops are Python ranges there (§2.0 item 4), so `t[i - 1]`
+    # is an ordinary Python int. Beta 1's docs are silent (programming_model.rst "Basic Tensor
+    # Indexing" shows non-negative indices only) and its loop variables are symbolic
+    # (reference §1.5, migration guide: "loops were only executed once"): `t[i - 1]` at i = 0
+    # is the static index range [-1, ...], err_tensor_access_out_of_bound (reference §1.5), so
+    # a negative index stays an error there.
+    negative_indices: bool = False
+    # Comparisons (equal, less, ...) and logical_not: Beta 1's signatures default
+    # ``dtype=bool`` ("a tile with boolean result", nki/api/nki/language/__init__.py); the 0.6.0
+    # stub: "Defaults to the input tile dtype. Use dtype=nl.uint8 for a boolean-like result"
+    # (comparisons, "a tile with 1 where equal, 0 otherwise") and, for logical_not, "if not
+    # specified, it will default to be the same as the data type of the input tile".
+    compare_input_dtype: bool = False
+    # nl.mean of an integer tile: Beta 1 "``float32`` intermediate and return values are used
+    # for integer inputs"; the 0.6.0 stub: dtype "if not specified, it will default to be the
+    # same as the data type of the input tile" ("Float32 intermediate values are used for the
+    # computation": the return value is not).
+    mean_int_keeps_dtype: bool = False
+    # nl.var: Beta 1 has no keepdims ("a shape of the input tile's shape with the specified
+    # axes removed"); the 0.6.0 stub: "keepdims: currently ignored; result always has
+    # keepdims=True shape."
+    var_always_keepdims: bool = False
+    # nl.rms_norm's compute_dtype: Beta 1 "currently `dtype` and `compute_dtype` behave the
+    # same, both sets internal compute and return dtype"; the 0.6.0 stub: dtype "if not
+    # specified, it will default to be the same as the data type of the input tile",
+    # compute_dtype "(optional) dtype for the internal computation".
+    rms_norm_compute_internal: bool = False
 
 
 BETA1 = Rules()

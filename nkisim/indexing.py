@@ -6,7 +6,8 @@ expressions NumPy-style and the result has the broadcast shape. Mixing slices wi
 expressions is ``err_unsupported_mixing_basic_advanced_tensor_indexing``; a bare 1-D ``arange``
 is ``err_1d_arange_not_supported``; any static index range outside the dimension is
 ``err_tensor_access_out_of_bound`` (NumPy would silently clip a slice; NKI refuses). Negative
-indices are out of bound too: a hardware address cannot be negative.
+indices are out of bound too in Beta 1 (a symbolic loop index minus one is an address below the
+tensor); nki 0.3+ counts them from the end, as Python does (``normalize_key(negative=True)``).
 """
 
 from __future__ import annotations
@@ -262,7 +263,10 @@ def _slice_oob(k, size) -> bool:
         return False
     start = 0 if k.start is None else int(k.start)
     stop = size if k.stop is None else int(k.stop)
-    return (k.step is None or int(k.step) > 0) and start < stop and (start < 0 or stop > size)
+    # a slice running past the end only: a negative start is an address below the tensor
+    # (Beta 1) or was counted from the end already (nki 0.3+, normalize_key), never a view of
+    # the slice's length (`t[:, -8:]` of a 64-wide tile was a 72-wide view)
+    return (k.step is None or int(k.step) > 0) and 0 <= start < stop and stop > size
 
 
 def _slices_as_grid(key, shape):
@@ -282,8 +286,31 @@ def _slices_as_grid(key, shape):
     return tuple(out)
 
 
-def normalize_key(key, shape, name, oob=None):
+def _from_end(k, size):
+    """An int index or slice bound ``k`` counted from the end when negative (Python's rule; a
+    bound still negative after that stays negative: out of bound, never clipped)."""
+    if isinstance(k, (int, np.integer)) and not isinstance(k, bool) and k < 0:
+        return int(k) + size
+    return k
+
+
+def _python_negative(key, shape):
+    """``key`` (Ellipsis expanded) with negative ints and slice bounds counted from the end."""
+    out = []
+    for k, size in zip(key, shape):
+        if isinstance(k, slice):
+            k = slice(_from_end(k.start, size), _from_end(k.stop, size), k.step)
+        else:
+            k = _from_end(k, size)
+        out.append(k)
+    return tuple(out) + tuple(key[len(out):])
+
+
+def normalize_key(key, shape, name, oob=None, negative=False):
     """Validate an index against ``shape``.
+
+    ``negative``: negative ints and slice bounds count from the end, as in Python (nki 0.3+,
+    ``nkisim.context.Rules.negative_indices``); otherwise they are out of bound (Beta 1).
 
     Returns ``(kind, key)``: ``("basic", tuple of int/slice)`` or
     ``("advanced", tuple of int/int-array)``. ``None`` is not allowed (NKI has no newaxis on
@@ -304,6 +331,8 @@ def normalize_key(key, shape, name, oob=None):
     if len(key) > len(shape):
         raise nki_error("nkisim_invalid_argument", api=f"indexing `{name}`",
                         why=f"{len(key)} indices for a tensor of shape {list(shape)}")
+    if negative:
+        key = _python_negative(key, shape)
     advanced = any(isinstance(k, IndexExpr) for k in key)
     if oob is not None and not advanced and any(
             _slice_oob(k, shape[d]) for d, k in enumerate(key)):

@@ -27,7 +27,7 @@ import numpy as np
 
 from . import checks, context, dtypes, psum_init
 from .errors import nki_error, shape_str
-from .indexing import IndexExpr, normalize_key, split_shape
+from .indexing import IndexExpr, normalize_key, split_shape, whole
 from .memory import TOUCHED
 from .trace import TENSOR as TENSOR_ENGINE
 from .trace import Region
@@ -46,6 +46,12 @@ class Buffer:
 
     def __repr__(self):
         return f"nl.{self.name}"
+
+    @property
+    def value(self):
+        """As ``nl.MemoryRegion``'s Enum members have it: ``nl.sbuf.value == 'sbuf'`` (0.6.0
+        stub: ``class MemoryRegion(Enum): sbuf = 'sbuf' ...``)."""
+        return self.name
 
     # ``t.buffer == nl.sbuf`` (nki-library: `tensor.buffer in (nl.hbm, nl.shared_hbm,
     # nl.private_hbm)`): buffers are equal when they are the same kind of memory with the same
@@ -519,9 +525,10 @@ def from_numpy(arr: np.ndarray, name: str, *, mutable: bool = False) -> Tensor:
     dt = arr.dtype
     if dt not in dtypes.SUPPORTED:
         raise nki_error("nkisim_operand_dtype", param=name, api="kernel call", dtype=dt,
-                        allowed="float32, float16, bfloat16, float8_e4m3, float8_e5m2, int8, "
-                                "int16, int32, uint8, uint16, uint32, bool (cast the NumPy array "
-                                "first, e.g. x.astype(np.float32))")
+                        allowed="float32, float16, bfloat16, float8_e4m3, float8_e5m2, "
+                                "float8_e4m3fn, float8_e8m0fnu, int8, int16, int32, uint8, "
+                                "uint16, uint32, bool (cast the NumPy array first, e.g. "
+                                "x.astype(np.float32))")
     if not arr.flags.c_contiguous:
         arr = np.ascontiguousarray(arr)
     elif mutable and not arr.flags.writeable:
@@ -668,16 +675,24 @@ class Tensor:
                 raise nki_error("nkisim_invalid_argument", api="reshape",
                                 why="reshaping an SBUF/PSUM tile must keep the partition "
                                     f"dimension ({self.shape[0]})")
+        # A view, never a copy: Beta 1 "Return a new view of the tensor, no copy will occur";
+        # 0.6.0 "Fails if the current memory layout is incompatible with the requested shape
+        # (e.g. after a non-contiguous slice or permute)". (NumPy's reshape copies such a view
+        # silently, and its copy's .base is the temporary, not None.)
         try:
-            arr = self._arr.reshape(shape)
-            w = self._ws if self._ws is None or self._ws is checks.LAZY else \
-                self._ws.reshape(shape)
+            arr = self._arr.view()
+            arr.shape = shape                  # raises instead of copying
+            w = self._ws
+            if w is not None and w is not checks.LAZY:
+                w = w.view()
+                w.shape = shape
         except (ValueError, AttributeError):
-            raise nki_error("nkisim_unsupported", what=f"reshape of the strided view of "
-                            f"`{self.name}`", why="reshape the whole tensor, then slice") from None
-        if arr.base is None and self._arr.size:
-            raise nki_error("nkisim_unsupported", what="reshape that copies",
-                            why="the view is not contiguous")
+            raise nki_error("nkisim_invalid_argument", api="reshape",
+                            why=f"the memory layout of the view `{self.name}` "
+                                f"{shape_str(self.shape)} (strides {self.strides}) is "
+                                f"incompatible with the shape {shape_str(shape)}: it is not "
+                                "contiguous (a slice or a permute); reshape the whole tensor, "
+                                "then slice") from None
         return Tensor(arr, w, self.root, self.dtype, shape,
                       None if self.root.buffer == "hbm" else 0, None, self._off)
 
@@ -735,12 +750,19 @@ class Tensor:
         if self.shape[dim] != 1:
             raise nki_error("nkisim_invalid_argument", api="broadcast",
                             why=f"dimension {dim} has size {self.shape[dim]}, not 1")
+        self._not_partition(dim, "broadcast")
         shape = self.shape[:dim] + (int(size),) + self.shape[dim + 1:]
         return self._derive("broadcast", lambda a: np.broadcast_to(a, shape))
 
     @_view_primitive
     def expand_dim(self, dim):
-        return self._derive("expand_dim", lambda a: np.expand_dims(a, int(dim)))
+        d = int(dim)
+        d = d + self.ndim + 1 if d < 0 else d
+        if not 0 <= d <= self.ndim:
+            raise nki_error("nkisim_invalid_argument", api="expand_dim",
+                            why=f"position {int(dim)} out of range for {self.ndim} dimensions")
+        self._not_partition(d, "expand_dim")
+        return self._derive("expand_dim", lambda a: np.expand_dims(a, d))
 
     @_view_primitive
     def squeeze_dim(self, dim):
@@ -748,12 +770,31 @@ class Tensor:
         if self.shape[dim] != 1:
             raise nki_error("nkisim_invalid_argument", api="squeeze_dim",
                             why=f"dimension {dim} has size {self.shape[dim]}, not 1")
+        self._not_partition(dim, "squeeze_dim")
         return self._derive("squeeze_dim", lambda a: a.squeeze(axis=dim))
+
+    def _not_partition(self, dim, api):
+        """0.6.0 stub (broadcast, expand_dim, squeeze_dim): "On-chip tensors: ``dim`` must
+        not be 0" (the partition dimension)."""
+        if dim == 0 and self.root.buffer != "hbm" and self.paxis == 0:
+            raise nki_error("nkisim_invalid_argument", api=api,
+                            why="dim must not be 0 (the partition dimension) for an SBUF/PSUM "
+                                "tensor")
 
     @_view_primitive
     def slice(self, dim, start, end, step=1):
+        """0.6.0 stub constraints: "``0 <= start < end <= t.shape[dim]``", "``step >= 1``"."""
         dim = self._dim(dim, "slice")
-        key = (slice(None),) * dim + (slice(int(start), int(end), int(step)),)
+        start, end, step = (whole(v, f"the {n} of slice") for v, n in
+                            ((start, "start"), (end, "end"), (step, "step")))
+        if step < 1:
+            raise nki_error("nkisim_invalid_argument", api="slice",
+                            why=f"step must be >= 1, got {step}")
+        if not 0 <= start < end <= self.shape[dim]:
+            raise nki_error("nkisim_invalid_argument", api="slice",
+                            why=f"needs 0 <= start < end <= {self.shape[dim]} (the size of "
+                                f"dimension {dim}), got start={start}, end={end}")
+        key = (slice(None),) * dim + (slice(start, end, step),)
         return self._derive("slice", lambda a: a[key])
 
     @_view_primitive
@@ -843,9 +884,26 @@ class Tensor:
 
     @_view_primitive
     def is_contiguous(self):
+        """0.6.0 stub: "each non-size-1 dimension's stride must equal the product of the shape
+        sizes of inner dimensions. For on-chip tensors (SBUF, PSUM), the partition dim (dim 0)
+        is skipped ... evaluated per-partition over the free dims only"."""
         if self._idx is not None or self._arr is None:
             return False
-        return bool(self._arr.flags.c_contiguous)
+        a = self._arr
+        first = 1 if self.root.buffer != "hbm" and self.paxis == 0 else 0
+        inner = a.itemsize
+        for n, st in zip(reversed(a.shape[first:]), reversed(a.strides[first:])):
+            if n != 1 and st != inner:
+                return False
+            inner *= n
+        return True
+
+    @_view_primitive
+    def get_pattern(self):
+        """"The view's access pattern as ``[[stride, count], ...]`` ... pairs each of the
+        view's dimensions with its current stride, in the same order as shape / strides"
+        (0.6.0 stub, NkiTensor.get_pattern)."""
+        return [[st, n] for st, n in zip(self.strides, self.shape)]
 
     @_view_primitive
     def is_indirect(self):
@@ -945,7 +1003,9 @@ class Tensor:
         if any(isinstance(k, Tensor) for k in (key if isinstance(key, tuple) else (key,))):
             return _ops.indirect_getitem(self, key)   # SBUF tiles of indices: indirect DMA
         oob = []
-        kind, k = normalize_key(key, self.shape, self.name, oob)
+        run = context.maybe_current()
+        kind, k = normalize_key(key, self.shape, self.name, oob,
+                                run is not None and run.rules.negative_indices)
         if kind == "basic":
             return self._basic_view(k)
         ishape = np.broadcast_shapes(*(np.shape(x) for x in k))
@@ -979,6 +1039,12 @@ class Tensor:
             # the programming model's "Basic Tensor Indexing" shows.)
             j = max(i for i, x in enumerate(k) if type(x) is not slice)
             k = k[:j] + (slice(k[j], k[j] + 1, 1),) + k[j + 1:]
+        elif not tile and len(k) == len(self.shape) and k and \
+                all(type(x) is not slice for x in k) and _keep_partition():
+            # nki 0.3+ HBM: "integer indexing removes the dimension. Result is at least 1D."
+            # (0.6.0 stub, NkiTensor.__getitem__): `h[0, 0, 0]` is (1,), not 0-d. Beta 1's
+            # docs are silent (the 0-d view stays).
+            k = k[:-1] + (slice(k[-1], k[-1] + 1, 1),)
         src = self._arr
         ke = k + (Ellipsis,)
         arr = src[ke]                      # all-int keys: a 0-d view, not a NumPy scalar
@@ -1246,6 +1312,8 @@ def _basic_fast_view(t: Tensor, out: list, off: int, ndim: int):
     its byte offset, ``ndim`` the dimensions it keeps), or None when ``_basic_view``'s rules
     could change it: on a tile, the first index must be a slice and two dimensions must stay."""
     paxis = t.paxis
+    if ndim == 0 and _keep_partition():
+        return None                 # all ints: _basic_view's rules (nki 0.3+ HBM: 1-D)
     if paxis == 0:
         if t.root.buffer == "hbm" or not out or type(out[0]) is not slice or ndim < 2:
             return None

@@ -1014,8 +1014,9 @@ def test_unsupported_kernel_input_dtype(dtype):
         kernel(np.zeros((4, 4), dtype))
     check(ei, TypeError, "nkisim_operand_dtype",
           f"operand 'a' of 'kernel call' has dtype {np.dtype(dtype).name}; expected one of the "
-          "following dtypes: float32, float16, bfloat16, float8_e4m3, float8_e5m2, int8, int16, "
-          "int32, uint8, uint16, uint32, bool (cast the NumPy array first, e.g. "
+          "following dtypes: float32, float16, bfloat16, float8_e4m3, float8_e5m2, "
+          "float8_e4m3fn, float8_e8m0fnu, int8, int16, int32, uint8, uint16, uint32, bool (cast "
+          "the NumPy array first, e.g. "
           "x.astype(np.float32)).")
 
 

@@ -445,7 +445,7 @@ def test_view_primitives_match_numpy():
 
 
 @pytest.mark.parametrize("method, args", [
-    ("permute", ((0, 1),)), ("slice", (1, 0, 2)), ("select", (1, 0)), ("broadcast", (1, 4)),
+    ("permute", ((0, 1),)), ("slice", (1, 0, 1)), ("select", (1, 0)), ("broadcast", (1, 4)),
     ("expand_dim", (1,)), ("squeeze_dim", (1,)), ("reshape_dim", (1, (1, 1))),
     ("flatten_dims", (1, 1)), ("is_contiguous", ()), ("is_indirect", ())])
 def test_view_primitives_are_new_in_0_5(method, args, monkeypatch):
