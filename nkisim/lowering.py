@@ -112,7 +112,11 @@ def rms_norm(x, w, axis, n, epsilon=1e-06, *, dtype=None, compute_dtype=None, ma
     to the mean square as in the usual RMSNorm). ``w`` broadcasts against ``x``. "Currently
     dtype and compute_dtype behave the same, both set internal compute and return dtype"
     (Beta 1 docstring): the result has ``dtype or compute_dtype or x.dtype``; the engines compute
-    in fp32. No document gives the lowering; it is costed as the instructions it takes:
+    in fp32. nki 0.3+ (Rules.rms_norm_compute_internal): the result has ``dtype or x.dtype``
+    ("if not specified, it will default to be the same as the data type of the input tile")
+    and ``compute_dtype`` is "dtype for the internal computation" only: the two intermediate
+    SBUF columns (sum of squares, 1/RMS) are held in it. No document gives the lowering; it
+    is costed as the instructions it takes:
     ScalarE ``activation(square)`` reducing into the sum of squares, ScalarE ``rsqrt`` with
     scale 1/n and bias epsilon on that column, VectorE ``x * rstd * w``."""
     from .ops import reduce_axes, result_tile
@@ -143,24 +147,31 @@ def rms_norm(x, w, axis, n, epsilon=1e-06, *, dtype=None, compute_dtype=None, ma
         raise nki_error("nkisim_shape_mismatch", params=f"x{shape_str(t.shape)}, "
                         f"w{shape_str(wt.shape)}", api=f"nl.{api}",
                         why="w must broadcast to the shape of x") from None
+    internal = run.rules.rms_norm_compute_internal
+    inter = dtypes.normalize(compute_dtype) if internal and compute_dtype is not None else \
+        np.dtype(np.float32)
+
+    def held(v):            # an intermediate column as its SBUF tile holds it
+        return v if inter == np.float32 else dtypes.to_f32(dtypes.cast(v, inter))
     with np.errstate(all="ignore"):
-        ss = np.sum(np.square(xv), axis=axes, keepdims=True, dtype=np.float32)
-        rstd = (np.float32(1.0) / np.sqrt(ss / np.float32(n) + np.float32(epsilon))
-                ).astype(np.float32)
+        ss = held(np.sum(np.square(xv), axis=axes, keepdims=True, dtype=np.float32))
+        rstd = held((np.float32(1.0) / np.sqrt(ss / np.float32(n) + np.float32(epsilon))
+                     ).astype(np.float32))
         out = (xv * rstd * wv).astype(np.float32)
-    # the two ScalarE steps write fp32 SBUF columns the final multiply reads (their own tiles,
+    # the two ScalarE steps write SBUF columns the final multiply reads (their own tiles,
     # so the schedule orders the three instructions as the data does)
-    sst = allocate(ss.shape, np.float32, sbuf, "", None, api, False, None, run)
+    sst = allocate(ss.shape, inter, sbuf, "", None, api, False, None, run)
     write(sst, ss, api, run=run)
-    run.record("activation", SCALAR, (region(t),), (region(sst),), "float32", _partitions(t),
-               _free(t), dict(_detail(t), func="square", reduce="add"))
-    rst = allocate(ss.shape, np.float32, sbuf, "", None, api, False, None, run)
+    run.record("activation", SCALAR, (region(t),), (region(sst),), dtypes.name(inter),
+               _partitions(t), _free(t), dict(_detail(t), func="square", reduce="add"))
+    rst = allocate(ss.shape, inter, sbuf, "", None, api, False, None, run)
     write(rst, rstd, api, run=run)
-    run.record("activation", SCALAR, (region(sst),), (region(rst),), "float32",
+    run.record("activation", SCALAR, (region(sst),), (region(rst),), dtypes.name(inter),
                _partitions(sst), _free(sst), dict(_detail(sst), func="rsqrt"))
     d = _detail(t, rst, wt, inputs=2)
     d["alu"] = "multiply"
-    return result_tile(run, shape, dtype or compute_dtype or t.dtype, out, "tensor_tensor",
+    out_dt = dtype or (t.dtype if internal else compute_dtype or t.dtype)
+    return result_tile(run, shape, out_dt, out, "tensor_tensor",
                        VECTOR, (t, rst, wt), d, mask=_mask(mask, shape))
 
 

@@ -848,6 +848,9 @@ _BINARY_FN = {
 }
 _COMPARE = {"equal", "not_equal", "greater", "greater_equal", "less", "less_equal",
             "logical_and", "logical_or", "logical_xor"}
+# the comparisons whose 0.6.0 docstrings default dtype to the input tile's (logical_and/or/xor
+# give no default: they keep bool)
+_COMPARE_INPUT_DTYPE = {"equal", "not_equal", "greater", "greater_equal", "less", "less_equal"}
 
 
 # The ALU's one-input ops (ALU op table, nki.api.shared tbl-aluop: abs, reciprocal on
@@ -933,8 +936,13 @@ def _binary(name, x, y, dtype, mask):
                         dtype=dtypes.name(_operand_dtype(x)), allowed="integer dtypes "
                         "(bitvec ops treat bits raw)")
     if dtype is None:
-        dtype = np.dtype(np.bool_) if name in _COMPARE else dtypes.promote(
-            _operand_dtype(x), _operand_dtype(y))
+        if name in _COMPARE_INPUT_DTYPE and run.rules.compare_input_dtype:
+            # nki 0.3+: "Defaults to the input tile dtype" (Rules.compare_input_dtype); 1/0
+            dtype = tiles[0].dtype if len(tiles) == 1 else dtypes.promote(x.dtype, y.dtype)
+        elif name in _COMPARE:
+            dtype = np.dtype(np.bool_)
+        else:
+            dtype = dtypes.promote(_operand_dtype(x), _operand_dtype(y))
     out = apply_binary(name, a, b)
     out = np.broadcast_to(out, shape)
     engine = VECTOR
@@ -1095,7 +1103,10 @@ def _unary(name, x, dtype, mask):
         out = apply_unary(name, v)
         engine = SCALAR
     shape = _tile_shape(t)
-    out_dt = dtype or (np.dtype(np.bool_) if name == "logical_not" else t.dtype)
+    # logical_not: Beta 1 `dtype=bool`; nki 0.3+ "default to be the same as the data type of
+    # the input tile" (Rules.compare_input_dtype)
+    out_dt = dtype or (np.dtype(np.bool_) if name == "logical_not" and
+                       not run.rules.compare_input_dtype else t.dtype)
     detail = _detail(t)
     detail["func"] = name
     return result_tile(run, shape, out_dt, out, "activation" if engine == SCALAR else
@@ -1241,24 +1252,33 @@ def reduced_shape(shape, axes, keepdims):
     return out if len(out) >= 2 else (out[0], 1)   # a tile needs 2 dims: (P, 1)
 
 
-def _reduce(name, x, axis, dtype, mask, keepdims):
-    run = context.current()
-    t = _tile(x, name, "x")
-    axes = reduce_axes(t, axis, name)
+def _last_axes_rule(run, t, axes, name):
+    """nki 0.3+ (Rules.reduce_last_axes): axis "can only be the last contiguous dim(s) of the
+    tile: [1], [1,2], [1,2,3], [1,2,3,4]" (the reductions' and softmax's 0.6.0 docstrings)."""
     nd = len(_tile_shape(t))
     if run.rules.reduce_last_axes and sorted(set(axes)) != list(range(nd - len(set(axes)), nd)):
         raise nki_error("nkisim_invalid_argument", api=f"nl.{name}",
                         why=f"axis {list(axes)} of a {nd}-D tile: the reduced axes must be the "
                             f"last contiguous free dimensions (e.g. {list(range(nd - 1, nd))} "
                             f"or {list(range(1, nd))}); permute the tile first")
+
+
+def _reduce(name, x, axis, dtype, mask, keepdims):
+    run = context.current()
+    t = _tile(x, name, "x")
+    axes = reduce_axes(t, axis, name)
+    _last_axes_rule(run, t, axes, name)
     v = read(t, name, run).reshape(_tile_shape(t))
     if name not in ("all",):
         v = dtypes.to_f32(v)
+    if name == "var" and run.rules.var_always_keepdims:
+        keepdims = True     # nki 0.3+: "currently ignored; result always has keepdims=True shape"
     shape = reduced_shape(_tile_shape(t), axes, keepdims)
     reduction_taint(run, v.shape, axes, shape)
     in_mask, out_mask = reduce_masks(mask, v.shape, axes, shape)
     out = reduce_values(name, v, axes, keepdims, where=in_mask)
-    out_dt = dtype or (np.dtype(np.float32) if name == "mean" and dtypes.is_int(t.dtype)
+    out_dt = dtype or (np.dtype(np.float32) if name == "mean" and dtypes.is_int(t.dtype) and
+                       not run.rules.mean_int_keeps_dtype   # Beta 1: fp32 for int inputs
                        else (np.dtype(np.bool_) if name == "all" else t.dtype))
     detail = _detail(t)
     detail["alu"] = name
@@ -1328,6 +1348,7 @@ def softmax(x, axis, *, dtype=None, mask=None, **kwargs):
     run = context.current()
     t = _tile(x, "softmax", "x")
     axes = reduce_axes(t, axis, "softmax")
+    _last_axes_rule(run, t, axes, "softmax")
     v = _tile_vals(t, "softmax", run)
     reduction_taint(run, v.shape, axes, v.shape)      # each value depends on its whole group
     e = np.exp(v - v.max(axis=axes, keepdims=True))
@@ -1413,7 +1434,12 @@ def _seed_value(seed, api, run) -> int:
         v = read(seed, api, run)
         if v.size < 1:
             raise nki_error("nkisim_invalid_argument", api=api, why="the seed tile is empty")
-        return int(np.asarray(dtypes.to_f32(v)).reshape(-1)[0]) & 0xFFFFFFFF
+        first = np.asarray(v).reshape(-1)[0]
+        if dtypes.is_int(v.dtype):
+            # "a [1,1] tensor ... with a 32-bit seed value" (0.6.0 stub): its bits, not
+            # through fp32 (which keeps 24 bits: 2**24 and 2**24 + 1 were the same seed)
+            return int(first) & 0xFFFFFFFF
+        return int(np.float32(first)) & 0xFFFFFFFF
     if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
         return int(seed) & 0xFFFFFFFF
     raise nki_error("nkisim_invalid_argument", api=api,

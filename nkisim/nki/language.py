@@ -16,7 +16,6 @@ import math
 import os
 import warnings
 
-import ml_dtypes
 import numpy as np
 
 from .. import context, dtypes
@@ -119,8 +118,8 @@ tfloat32 = dtypes.tfloat32
 float8_e4m3 = dtypes.float8_e4m3
 float8_e5m2 = dtypes.float8_e5m2
 # float8_e4m3fn (2.28) and float8_e8m0fnu (0.5.0): ml_dtypes' types of those names
-float8_e4m3fn = getattr(dtypes, "float8_e4m3fn", np.dtype(ml_dtypes.float8_e4m3fn))
-float8_e8m0fnu = getattr(dtypes, "float8_e8m0fnu", np.dtype(ml_dtypes.float8_e8m0fnu))
+float8_e4m3fn = dtypes.float8_e4m3fn
+float8_e8m0fnu = dtypes.float8_e8m0fnu
 DType = dtype = np.dtype          # annotations: `dtype: nki.dtype = nl.bfloat16`
 # `nl.bool` (nki-library core/utils/kernel_helpers.py returns it for 'bool')
 globals()["bool"] = bool_
@@ -242,11 +241,22 @@ class _MemoryRegionType(type):
     def __iter__(cls):
         return iter((cls.sbuf, cls.psum, cls.private_hbm, cls.shared_hbm))
 
+    def __call__(cls, value):
+        """``nl.MemoryRegion('psum')``: the member of that value, as an Enum looks it up."""
+        if isinstance(value, Buffer) and value in tuple(cls):
+            return value
+        for member in cls:
+            if member.value == value:
+                return member
+        raise ValueError(f"{value!r} is not a valid MemoryRegion")
+
 
 class MemoryRegion(metaclass=_MemoryRegionType):
     """``nl.MemoryRegion`` (0.3.0 stubs: an Enum of ``sbuf``, ``psum``, ``private_hbm``,
-    ``shared_hbm``): its members are the buffer objects ``nl.sbuf`` etc., so
-    ``buffer=nl.MemoryRegion.sbuf`` and ``isinstance(nl.psum, nl.MemoryRegion)`` work."""
+    ``shared_hbm``; 0.6.0: ``sbuf = 'sbuf'`` ... the values are their names): its members are
+    the buffer objects ``nl.sbuf`` etc. (``.value`` and ``.name`` as an Enum member has), so
+    ``buffer=nl.MemoryRegion.sbuf``, ``nl.MemoryRegion('psum')`` and
+    ``isinstance(nl.psum, nl.MemoryRegion)`` work."""
 
     sbuf = sbuf
     psum = psum
@@ -371,7 +381,14 @@ def empty_like(x, dtype=None, buffer=None, name=""):
 def ndarray_like(a, dtype=None, buffer=sbuf, name=""):
     return ndarray(a.shape, dtype or a.dtype, buffer=buffer, name=name)
 
-shared_constant = _ops.shared_constant
+def shared_constant(constant, dtype=None):
+    """An HBM tensor holding ``constant`` (an array or a ``.npy`` path): "Create a tensor in
+    shared HBM ... :return: an NkiTensor in shared_hbm" (0.6.0 stub), so its buffer is
+    ``nl.shared_hbm``. (``dtype=``, Beta 1's cast, is still taken.)"""
+    t = _ops.shared_constant(constant, dtype)
+    t.root.buf = shared_hbm
+    return t
+
 
 
 def shared_identity_matrix(n, dtype=uint8, dst=None):
@@ -423,8 +440,12 @@ class _TileSize(type(_ops.tile_size)):
 
     @property
     def sbuf_size_bytes(self):
-        """SBUF bytes per partition of the target."""
-        return self._arch().sbuf_partition_bytes
+        """"Total SBUF capacity in bytes (all partitions combined)" (0.6.0 stub; its
+        total_available_sbuf_size note: "Use sbuf_size_bytes for the total SBUF capacity across
+        all partitions"): the target's SBUF bytes per partition times its partitions (trn2:
+        224 KiB x 128 = 28 MiB)."""
+        arch = self._arch()
+        return arch.sbuf_partition_bytes * arch.pmax
 
     @property
     def psum_num_banks(self):
@@ -618,7 +639,9 @@ def transpose(x, dtype=None):
     return _transpose(x, dtype=dtype)
 
 
-def softmax(x, axis, dtype=None):
+def softmax(x, axis=-1, dtype=None):
+    """Softmax over ``axis`` ("def softmax(x, axis=-1, dtype=None)", 0.6.0 stub), which "can
+    only be the last contiguous dim(s) of the tile" (Rules.reduce_last_axes)."""
     return _ops.softmax(x, axis, dtype=dtype)
 
 
