@@ -160,12 +160,6 @@ class Rules:
     # the hardware (RN 2.32, spec nki-current §3). Beta 1's NumPy equivalent loops ``for j in
     # range(vals_2d.shape[1])`` forward (aws-neuron-sdk 1db4d74e).
     match_replace8_reverse: bool = False
-    # activation's reduce_cmd and reduce_res on the Scalar Engine's reduce_regs: the 0.3+
-    # pseudocode (STUB-R32 activation) resets them for reset/reset_reduce, adds for
-    # reduce/reset_reduce, leaves them for idle ("Do not modify reduce_regs"), and reads them
-    # out ("if reduce_res: reduce_res = reduce_regs"). Beta 1 (nkisim's behaviour before):
-    # reduce_res receives this instruction's own reduction whatever reduce_cmd says.
-    activation_reduce_regs: bool = False
     # Negative indices and negative slice bounds count from the end, as in Python/NumPy: the
     # 0.6.0 stub (NkiTensor.__getitem__) "Supports integers (select), slices, ``Ellipsis``,
     # negative indices, and nl.ds"; loops are Python ranges there (§2.0 item 4), so `t[i - 1]`

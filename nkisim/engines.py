@@ -567,20 +567,13 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
     detail["func"] = fname
     res = result_tile(run, shape, dtype or x.dtype, out, api, SCALAR, tiles, detail,
                       mask=_mask(mask, shape), fresh=_owned(out, v) and reduce_res is None)
-    if run.rules.activation_reduce_regs:
-        _activation_regs(run, api, res, out, P, reduce_op, reduce_res, reduce_cmd)
-    elif reduce_res is not None:
-        add_only = run.arch.nc_version < 3 or run.rules.activation_reduce_add_only
-        if reduce_op is None or _alu_name(reduce_op, api) != "add" and add_only:
-            raise nki_error("nkisim_invalid_argument", api=api,
-                            why="reduce_op must be nl.add" + (
-                                " on NeuronCore-v2" if run.arch.nc_version < 3 else ""))
-        rn = _alu_name(reduce_op, api)
-        red = reduce_values(rn, out.reshape(P, -1), (1,), True)
-        from .tensor import write as _write
-        _write(reduce_res, fit(red, reduce_res.shape), api, run=run)
-        res._producer.writes = res._producer.writes + (region(reduce_res),)
-        res._producer.detail["reduce"] = True
+    # Both dialects' docs describe the same registers: Beta 1 "There are 128 registers on the
+    # scalar engine for storing reduction results ... controlled via the reduce_cmd parameter
+    # (reset, idle: Do not use the accumulators, reduce, reset_reduce) ... read out the current
+    # values stored in the register by passing in a tensor in the reduce_res" (aws-neuron-sdk
+    # 1db4d74e isa activation); 0.3+ the pseudocode of _activation_regs. AWS's Beta 1 kernels
+    # read an instruction's own reduction with activation_reduce or reduce_cmd=reset_reduce.
+    _activation_regs(run, api, res, out, P, reduce_op, reduce_res, reduce_cmd)
     return res
 
 
@@ -619,8 +612,17 @@ def _activation_regs(run, api, res, out, P, reduce_op, reduce_res, cmd):
     if cmd in (reduce_cmd.reset, reduce_cmd.reset_reduce) or acc is None:
         acc = np.zeros((P, 1), np.float32)
     if reducing:
-        red = reduce_values(_alu_name(reduce_op, api), out.reshape(P, -1), (1,), True)
-        acc = (np.asarray(acc, np.float32) + np.asarray(red, np.float32)).reshape(P, 1)
+        rn = _alu_name(reduce_op, api)
+        red = np.asarray(reduce_values(rn, out.reshape(P, -1), (1,), True), np.float32)
+        if cmd is reduce_cmd.reset_reduce:
+            # "Resets the accumulators then immediately accumulate the results of the current
+            # instruction": the instruction's own reduction (for add, 0 + it; a max over values
+            # below zero is not clamped by the reset)
+            acc = red.reshape(P, 1)
+        else:
+            # "accu_registers = reduce_op(accu_registers, reduce_op(output, axis))" (Beta 1)
+            acc = np.asarray(apply_binary(rn, np.asarray(acc, np.float32), red.reshape(P, 1)),
+                             np.float32).reshape(P, 1)
     if cmd != reduce_cmd.idle:
         run.vector_acc[key] = acc
     if reduce_res is not None:
@@ -632,8 +634,12 @@ def _activation_regs(run, api, res, out, P, reduce_op, reduce_res, cmd):
 
 def activation_reduce(op, data, *, reduce_op, reduce_res, bias=None, scale=1.0, mask=None,
                       dtype=None, **kwargs):
+    """activation and "also a reduction along the free dimension of the nisa.activation result
+    ... stored in the reduce_res" (Beta 1); "equivalent to calling nisa.activation with
+    reduce_cmd=nisa.reduce_cmd.reset_reduce" (0.3+ docs)."""
     return activation(op, data, bias=bias, scale=scale, reduce_op=reduce_op,
-                      reduce_res=reduce_res, mask=mask, dtype=dtype)
+                      reduce_res=reduce_res, reduce_cmd=reduce_cmd.reset_reduce, mask=mask,
+                      dtype=dtype)
 
 
 @into_target

@@ -570,7 +570,8 @@ def test_activation_reduce_op_must_be_add_in_the_current_dialect():
     @b1.jit
     def beta1(x):
         r = b1.language.ndarray((16, 1), dtype=np.float32, buffer=b1.language.sbuf)
-        b1isa.activation(ops.exp, b1.language.load(x), reduce_op=ops.maximum, reduce_res=r)
+        b1isa.activation(ops.exp, b1.language.load(x), reduce_op=ops.maximum, reduce_res=r,
+                         reduce_cmd=b1isa.reduce_cmd.reset_reduce)
         o = b1.language.ndarray((16, 1), dtype=np.float32, buffer=b1.language.shared_hbm)
         b1.language.store(o, r)
         return o

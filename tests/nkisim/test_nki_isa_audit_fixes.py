@@ -331,18 +331,43 @@ def test_activation_reduce_is_reset_reduce_with_a_read_out():
     assert r1[:, 0].tolist() == [10, 26] and r2[:, 0].tolist() == [10, 26]
 
 
-def test_activation_beta1_keeps_the_instructions_own_reduction():
-    # Beta 1 face: reduce_res receives this instruction's own sum (nkisim's behaviour before;
-    # Rules.activation_reduce_regs)
+def _b1_chain(*cmds):
+    """Beta 1 activation(copy) on X with each reduce_cmd in turn, reading reduce_res out."""
     @b1.jit
     def k(a):
-        r = b1.language.ndarray((2, 1), dtype=np.float32, buffer=b1.language.sbuf)
-        b1isa.activation(ops.copy, b1.language.load(a), reduce_op=ops.add, reduce_res=r)
-        o = b1.language.ndarray((2, 1), dtype=np.float32, buffer=b1.language.shared_hbm)
-        b1.language.store(o, r)
-        return o
+        outs = []
+        x = b1.language.load(a)
+        for cmd in cmds:
+            r = b1.language.ndarray((2, 1), dtype=np.float32, buffer=b1.language.sbuf)
+            if cmd == "activation_reduce":
+                b1isa.activation_reduce(ops.copy, x, reduce_op=ops.add, reduce_res=r)
+            else:
+                b1isa.activation(ops.copy, x, reduce_op=ops.add, reduce_res=r,
+                                 reduce_cmd=getattr(b1isa.reduce_cmd, cmd))
+            o = b1.language.ndarray((2, 1), dtype=np.float32, buffer=b1.language.shared_hbm)
+            b1.language.store(o, r)
+            outs.append(o)
+        return tuple(outs)
 
-    assert b1.simulate_kernel(k, X)[:, 0].tolist() == [10, 26]
+    return [o[:, 0].tolist() for o in b1.simulate_kernel(k, X)]
+
+
+def test_activation_beta1_drives_the_same_registers():
+    # Beta 1 docs (aws-neuron-sdk 1db4d74e isa activation): "There are 128 registers on the
+    # scalar engine for storing reduction results"; "reduce_cmd.idle: Do not use the
+    # accumulators"; "reduce: keeps accumulating over the current value of the accumulator";
+    # "reset_reduce: Resets the accumulators then immediately accumulate the results of the
+    # current instruction"; "read out the current values stored in the register by passing in
+    # a tensor in the reduce_res arguments". activation_reduce stores "a reduction along the
+    # free dimension of the nisa.activation result" (its own: reset_reduce)
+    assert _b1_chain("reset_reduce", "reduce", "idle", "activation_reduce") == [
+        [10, 26], [20, 52], [20, 52], [10, 26]]
+
+
+def test_activation_beta1_idle_read_out_of_unset_registers_is_warned():
+    from nkisim.errors import NKIWarning
+    with pytest.warns(NKIWarning, match="no instruction has reset"):
+        _b1_chain("idle")
 
 
 # ---------------------------------------------------------------------------------------------
