@@ -138,7 +138,8 @@ def test_operand_masking_is_named_as_unsupported():
     @nki.jit
     def k(xT, y):
         out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
-        lhs_T, rhs = nl.load(xT), nl.load(y)
+        lhs_T = nl.load(xT)
+        rhs = nl.load(y)
         i_lhs_f, i_rhs_f = nl.arange(128)[None, :], nl.arange(512)[None, :]
         r = nl.matmul(lhs_T[i_lhs_f <= 64], rhs[i_rhs_f <= 256], transpose_x=True)
         nl.store(out, nl.copy(r))
