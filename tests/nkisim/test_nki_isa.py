@@ -12,6 +12,7 @@ import warnings
 import ml_dtypes
 import numpy as np
 import pytest
+from nki_tiles import load, out_of, ps, sb
 
 import nkisim.nki as nki
 from nkisim import beta1 as b1
@@ -27,31 +28,6 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 
 def rand(shape, lo=-4.0, hi=4.0, dtype=np.float32):
     return RNG.uniform(lo, hi, size=shape).astype(dtype)
-
-
-def sb(shape, dtype=np.float32, name=""):
-    return ops.ndarray(shape, dtype, buffer=ops.sbuf, name=name)
-
-
-def ps(shape, dtype=np.float32, name=""):
-    return ops.ndarray(shape, dtype, buffer=ops.psum, name=name)
-
-
-def load(x, dtype=None):
-    t = sb(x.shape, dtype or x.dtype)
-    nisa.dma_copy(dst=t, src=x)
-    return t
-
-
-def out_of(t, dtype=None):
-    """An HBM output holding tile ``t`` (SBUF; PSUM goes through tensor_copy first)."""
-    if t.root.buffer == "psum":
-        s = sb(t.shape, t.dtype)
-        nisa.tensor_copy(dst=s, src=t)
-        t = s
-    o = ops.ndarray(t.shape, dtype or t.dtype, buffer=ops.shared_hbm)
-    nisa.dma_copy(dst=o, src=t)
-    return o
 
 
 def instrs(op=None):

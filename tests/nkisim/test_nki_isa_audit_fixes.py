@@ -7,6 +7,7 @@ Beta 1 face keeps its behaviour and a test says so.
 import ml_dtypes
 import numpy as np
 import pytest
+from nki_tiles import load, out_of, ps, sb
 
 import nkisim.nki as nki
 from nkisim import beta1 as b1
@@ -17,30 +18,6 @@ from nkisim.runtime import last_run
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 RNG = np.random.default_rng(606)
-
-
-def sb(shape, dtype=np.float32):
-    return ops.ndarray(shape, dtype, buffer=ops.sbuf)
-
-
-def ps(shape, dtype=np.float32):
-    return ops.ndarray(shape, dtype, buffer=ops.psum)
-
-
-def load(x, dtype=None):
-    t = sb(x.shape, dtype or x.dtype)
-    nisa.dma_copy(dst=t, src=x)
-    return t
-
-
-def out_of(t, dtype=None):
-    if t.root.buffer == "psum":
-        s = sb(t.shape, t.dtype)
-        nisa.tensor_copy(dst=s, src=t)
-        t = s
-    o = ops.ndarray(t.shape, dtype or t.dtype, buffer=ops.shared_hbm)
-    nisa.dma_copy(dst=o, src=t)
-    return o
 
 
 def instrs(op):

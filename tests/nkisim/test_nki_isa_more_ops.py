@@ -16,6 +16,7 @@ import dataclasses
 import ml_dtypes
 import numpy as np
 import pytest
+from nki_tiles import load, out_of, ps, sb
 
 import nkisim.arch as arch
 import nkisim.nki as nki
@@ -39,30 +40,6 @@ def prelu(x):          # stands for nl.prelu, an opaque activation token named p
 
 def rand(shape, lo=-2.0, hi=2.0, dtype=np.float32):
     return RNG.uniform(lo, hi, size=shape).astype(dtype)
-
-
-def sb(shape, dtype=np.float32):
-    return ops.ndarray(shape, dtype, buffer=ops.sbuf)
-
-
-def ps(shape, dtype=np.float32):
-    return ops.ndarray(shape, dtype, buffer=ops.psum)
-
-
-def load(x, dtype=None):
-    t = sb(x.shape, dtype or x.dtype)
-    nisa.dma_copy(dst=t, src=x)
-    return t
-
-
-def out_of(t):
-    if t.root.buffer == "psum":
-        s = sb(t.shape, t.dtype)
-        nisa.tensor_copy(dst=s, src=t)
-        t = s
-    o = ops.ndarray(t.shape, t.dtype, buffer=ops.shared_hbm)
-    nisa.dma_copy(dst=o, src=t)
-    return o
 
 
 def const(value, dtype=np.float32, shape=(1, 1)):
