@@ -680,12 +680,10 @@ class Tensor:
         # (e.g. after a non-contiguous slice or permute)". (NumPy's reshape copies such a view
         # silently, and its copy's .base is the temporary, not None.)
         try:
-            arr = self._arr.view()
-            arr.shape = shape                  # raises instead of copying
+            arr = reshape_nocopy(self._arr, shape)
             w = self._ws
             if w is not None and w is not checks.LAZY:
-                w = w.view()
-                w.shape = shape
+                w = reshape_nocopy(w, shape)
         except (ValueError, AttributeError):
             raise nki_error("nkisim_invalid_argument", api="reshape",
                             why=f"the memory layout of the view `{self.name}` "
@@ -1372,12 +1370,22 @@ def _addr(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
 
+def reshape_nocopy(a: np.ndarray, shape) -> np.ndarray:
+    """A view of ``a`` in ``shape``; ValueError (or AttributeError) where that needs a copy.
+    NumPy >= 2.1: ``reshape(copy=False)``; before, setting a view's ``shape`` (which NumPy 2.5
+    deprecates)."""
+    try:
+        return a.reshape(shape, copy=False)
+    except TypeError:                      # NumPy < 2.1: no copy= keyword
+        v = a.view()
+        v.shape = shape
+        return v
+
+
 def _view_reshape(a: np.ndarray, shape) -> np.ndarray:
     """``a.reshape(shape)`` that never copies (NKI views share storage)."""
     try:
-        v = a.view()
-        v.shape = shape            # raises instead of copying
-        return v
+        return reshape_nocopy(a, shape)
     except (AttributeError, ValueError):
         raise nki_error("nkisim_unsupported", what="a reshape of this strided view",
                         why="it would need a copy; reshape a contiguous view") from None

@@ -648,3 +648,17 @@ def test_auto_alloc_is_the_default_buffer():
     assert ncc.sbuf.auto_alloc() is nl.sbuf
     assert ncc.psum.auto_alloc() is nl.psum
     assert nl.hbm.kind == nl.private_hbm.kind == nl.shared_hbm.kind == "hbm"
+
+
+def test_reshape_nocopy_is_a_view_or_an_error_without_deprecated_numpy_calls():
+    # NumPy 2.5 deprecates setting an array's shape, which the no-copy reshape used
+    import warnings
+
+    from nkisim.tensor import reshape_nocopy
+    a = np.arange(24, dtype=np.float32).reshape(4, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        v = reshape_nocopy(a, (2, 12))
+        assert np.shares_memory(v, a) and v.shape == (2, 12)
+        with pytest.raises((ValueError, AttributeError)):
+            reshape_nocopy(a[:, 0:3], (12,))          # would need a copy
