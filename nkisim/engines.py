@@ -693,6 +693,12 @@ def affine_select(pred, on_true_tile, on_false_value, *, mask=None, dtype=None, 
     api = "affine_select"
     if not isinstance(pred, MaskExpr):
         raise nki_error("err_unsupported_expression_in_mask")
+    if pred.combined:
+        # "pred ... can't be multiple masks combined using logical operators such as & and |.
+        # For a complex predicate ... consider using nl.where" (Beta 1 affine_select doc)
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why="pred must be one affine comparison, not masks combined with & or "
+                            "| (the docs: use nl.where for a complex predicate)")
     x = _tile(on_true_tile, api, "on_true_tile")
     v = _tile_vals(x, api, run)
     try:

@@ -81,10 +81,11 @@ class IndexExpr:
 class MaskExpr:
     """A predicate over index expressions, combined with ``&`` (ref §1.12)."""
 
-    __slots__ = ("v",)
+    __slots__ = ("v", "combined")
 
-    def __init__(self, v):
+    def __init__(self, v, combined=False):
         self.v = np.asarray(v, dtype=bool)
+        self.combined = combined        # built with & or | (affine_select refuses it)
 
     # A Python bool operand is a predicate over the enclosing loop indices that nkisim, whose
     # loop indices are concrete integers, has already evaluated: AWS's
@@ -100,12 +101,12 @@ class MaskExpr:
         raise nki_error("err_unsupported_expression_in_mask")
 
     def __and__(self, o):
-        return MaskExpr(self.v & MaskExpr._operand(o))
+        return MaskExpr(self.v & MaskExpr._operand(o), True)
 
     __rand__ = __and__
 
     def __or__(self, o):
-        return MaskExpr(self.v | MaskExpr._operand(o))
+        return MaskExpr(self.v | MaskExpr._operand(o), True)
 
     __ror__ = __or__
 

@@ -147,3 +147,23 @@ def test_operand_masking_is_named_as_unsupported():
     a, b = np.ones((128, 128), np.float32), np.ones((128, 512), np.float32)
     with pytest.raises(NotImplementedError, match=r"operand masking \(`lhs_T\[<mask>\]`"):
         nki.simulate_kernel(k, a, b)
+
+
+def test_affine_select_takes_one_comparison_not_combined_masks():
+    # "It can't be multiple masks combined using logical operators such as & and |. For a
+    # complex predicate that doesn't meet the above requirements, consider using nl.where"
+    def make(combined):
+        @nki.jit
+        def k(a):
+            out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+            ip, jf = nl.arange(8)[:, None], nl.arange(16)[None, :]
+            pred = (ip >= jf) & (jf < 12) if combined else ip >= jf
+            nl.store(out, nisa.affine_select(pred, nl.load(a), -1.0))
+            return out
+        return k
+    a = np.arange(8 * 16, dtype=np.float32).reshape(8, 16)
+    ip, jf = np.arange(8)[:, None], np.arange(16)[None, :]
+    np.testing.assert_array_equal(nki.simulate_kernel(make(False), a),
+                                  np.where(ip >= jf, a, -1.0))
+    with pytest.raises(ValueError, match="one affine comparison"):
+        nki.simulate_kernel(make(True), a)
