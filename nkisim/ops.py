@@ -193,6 +193,13 @@ def result_tile(run, shape, dtype, vals, op, engine, reads, detail, buffer=sbuf,
     into = run.into
     if into is not None:
         run.into = None                        # (for this instruction's result only)
+        if engine == GPSIMD and into.root.buffer == "psum":
+            # Beta 1: an instruction's result "is a tile in SBUF, unless the returned value is
+            # assigned to a pre-declared PSUM tile", and "GpSimd Engine cannot access PSUM"
+            # (isa tensor_copy doc): `psum_t[...] = <a GpSimd instruction>` writes PSUM from
+            # GpSimd (the current face checks its dst itself)
+            raise nki_error("err_unsupported_memory", param="dst", api=f"{op} (on GpSimd)",
+                            expected="sbuf", got="psum")
         if DIRECT_RESULTS and mask is None and run.taint is None and engine != TENSOR:
             instr = tensor.write_into(run, into, shape, dtype, buffer, vals, op, engine, reads,
                                       detail, site)

@@ -167,3 +167,23 @@ def test_affine_select_takes_one_comparison_not_combined_masks():
                                   np.where(ip >= jf, a, -1.0))
     with pytest.raises(ValueError, match="one affine comparison"):
         nki.simulate_kernel(make(True), a)
+
+
+@pytest.mark.parametrize("engine", ["gpsimd", "vector"])
+def test_a_gpsimd_result_assigned_to_a_psum_tile_is_refused(engine):
+    # tensor_copy doc: "since GpSimd Engine cannot access PSUM in NeuronCore, Scalar or Vector
+    # Engine must be chosen when the input or output tile is in PSUM ... this API returns a tile
+    # in SBUF, unless the returned value is assigned to a pre-declared PSUM tile"
+    @nki.jit
+    def k(a):
+        out = nl.ndarray(a.shape, dtype=a.dtype, buffer=nl.shared_hbm)
+        p = nl.ndarray(a.shape, dtype=nl.float32, buffer=nl.psum)
+        p[...] = nisa.tensor_copy(nl.load(a), engine=getattr(nisa, f"{engine}_engine"))
+        nl.store(out, nl.copy(p))
+        return out
+    a = np.arange(8 * 16, dtype=np.float32).reshape(8, 16)
+    if engine == "gpsimd":
+        with pytest.raises(TypeError, match="psum"):
+            nki.simulate_kernel(k, a)
+    else:
+        np.testing.assert_array_equal(nki.simulate_kernel(k, a), a)
