@@ -343,3 +343,35 @@ def vector_select(t: Tensor, dim: int, vector_offset) -> Tensor:
     key = np.ix_(idx, *rest) if rest else (idx,)
     return Tensor(t._arr, t._w, t.root, t.dtype, (idx.size,) + tuple(t.shape[1:]), None,
                   tuple(key), t._off)
+
+
+def dynamic_select(t: Tensor, dim: int, index) -> Tensor:
+    """``t.select(dim, idx)`` with ``idx`` an NkiTensor holding one integer (0.5+ stub: "performs
+    dynamic indirect selection where the index is resolved at runtime"; "only one dynamic
+    select per tensor (no chaining)"; "Dynamic on-chip: dim must not be 0"): the view with
+    dimension ``dim`` removed at the index's value now (nkisim runs eagerly), an indirect
+    (advanced-indexed) view, so ``is_indirect()`` is True. An index outside the dimension is
+    the out-of-bound access the DMA would report."""
+    api = f"{t.name}.select"
+    if t._idx is not None or t._arr is None:
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why="only one dynamic select per tensor (no chaining): this view is "
+                            "already indirect (check is_indirect())")
+    if t.root.buffer != "hbm" and dim == 0:
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why="a dynamic select on an on-chip tensor cannot take the partition "
+                            "dimension (0)")
+    v = _index_value(index, api)
+    n = t.shape[dim]
+    if not 0 <= v < n:
+        raise nki_error("err_tensor_access_out_of_bound", name=t.name, dim=dim, lo=v, hi=v,
+                        size=n)
+    others = [np.arange(c) for i, c in enumerate(t.shape) if i != dim]
+    grids = list(np.ix_(*others)) if others else []
+    key = grids[:dim] + [np.int64(v)] + grids[dim:]
+    shape = tuple(c for i, c in enumerate(t.shape) if i != dim)
+    if len(shape) < 2 and t.root.buffer != "hbm":
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why="an on-chip view keeps at least 2 dimensions")
+    return Tensor(t._arr, t._w, t.root, t.dtype, shape, t.paxis if dim != 0 else None,
+                  tuple(key), t._off)

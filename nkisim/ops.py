@@ -17,7 +17,7 @@ import ml_dtypes
 import numpy as np
 
 from . import context, dtypes, tensor
-from .access import access_pattern, vector_select  # noqa: F401 - Tensor.ap (register_ops)
+from .access import access_pattern, dynamic_select, vector_select  # noqa: F401 - Tensor.ap
 from .context import Loop as _Loop
 from .dstform import into_target
 from .dtypes import (  # noqa: F401 - re-exported as nl.float32 etc.

@@ -798,6 +798,8 @@ class Tensor:
     @_view_primitive
     def select(self, dim, index):
         dim = self._dim(dim, "select")
+        if isinstance(index, Tensor):
+            return _ops.dynamic_select(self, dim, index)
         i = int(index)
         if not 0 <= i < self.shape[dim]:
             raise nki_error("err_tensor_access_out_of_bound", name=self.name, dim=dim, lo=i,

@@ -452,3 +452,40 @@ def test_beta1_wrappers_keep_dtype_keyword_only():
     # Beta 1: add(x, y, *, dtype=None, mask=None, **kwargs): Python's TypeError
     with pytest.raises(TypeError, match=r"add\(\) takes 2 positional arguments but 3"):
         run_b1(_load_store(lambda t: bnl.add(t, t, bnl.float32), face=bnl), rand((8, 16)))
+
+
+def _dyn_select(h, index, dim=0, chain=False, onchip=False, version="0.6"):
+    def body(hbm_t, idx_in):
+        idx = nl.ndarray((1, 1), dtype=nl.int32, buffer=nl.sbuf)
+        nisa.dma_copy(idx, idx_in)
+        src = hbm_t
+        if onchip:
+            src = nl.ndarray(hbm_t.shape, dtype=hbm_t.dtype, buffer=nl.sbuf)
+            nisa.dma_copy(src, hbm_t)
+        v = src.select(dim, idx)
+        assert v.is_indirect()
+        if chain:
+            v.select(0, idx)
+        o = nl.ndarray(v.shape, nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(o, v)
+        return o
+    return run(body, h, np.array([[index]], np.int32))
+
+
+def test_dynamic_select_with_a_tensor_index(monkeypatch):
+    # NkiTensor.select (0.5.0+ stub): "When index is an NkiTensor ... performs dynamic indirect
+    # selection where the index is resolved at runtime"; `hbm_t.select(0, idx)  # shape
+    # becomes (128, 8)`; "only one dynamic select per tensor (no chaining)"; "Dynamic on-chip:
+    # dim must not be 0 (partition dim)"
+    monkeypatch.setenv("NKISIM_NKI_VERSION", "0.6")
+    h = np.arange(4 * 128 * 8, dtype=np.float32).reshape(4, 128, 8)
+    np.testing.assert_array_equal(_dyn_select(h, 2), h[2])
+    np.testing.assert_array_equal(_dyn_select(h, 5, dim=2), h[:, :, 5])
+    with pytest.raises(IndexError, match="Out-of-bound"):
+        _dyn_select(h, 4)
+    with pytest.raises(ValueError, match="no chaining"):
+        _dyn_select(h, 1, chain=True)
+    g = np.arange(128 * 4 * 8, dtype=np.float32).reshape(128, 4, 8)
+    np.testing.assert_array_equal(_dyn_select(g, 3, dim=1, onchip=True), g[:, 3, :])
+    with pytest.raises(ValueError, match="partition dimension"):
+        _dyn_select(g, 3, dim=0, onchip=True)
