@@ -1433,7 +1433,8 @@ def tensor_scalar_reduce(*, data, op0, operand0, reduce_op, reduce_res, reverse0
 
 def _tsr_accumulate(run, api, x, rname, red, cmd, init, instr):
     """tensor_scalar_reduce's accumulator (P, 1) after ``cmd`` ("reset_reduce", "reduce" or
-    "load_reduce") with this instruction's reduction ``red``."""
+    "load_reduce") with this instruction's reduction ``red``: ``load_reduce`` puts
+    ``reduce_init`` in the registers and reduces onto it; the rest is ``_accumulate``."""
     P = red.shape[0]
     if cmd not in ("reset_reduce", "reduce", "load_reduce"):
         raise nki_error("nkisim_invalid_argument", api=api,
@@ -1444,7 +1445,6 @@ def _tsr_accumulate(run, api, x, rname, red, cmd, init, instr):
         raise nki_error("nkisim_invalid_argument", api=api,
                         why=f"reduce_init should only be set when reduce_cmd is load_reduce "
                             f"(reduce_cmd={cmd})")
-    start = None
     if cmd == "load_reduce":
         if init is None:
             raise nki_error("nkisim_invalid_argument", api=api,
@@ -1453,18 +1453,12 @@ def _tsr_accumulate(run, api, x, rname, red, cmd, init, instr):
             raise nki_error("nkisim_operand_dtype", param="reduce_init", api=api,
                             dtype=dtypes.name(init.dtype), allowed="float32")
         v, t = _scalar_operand(init, x, api, "reduce_init", run)
-        start = np.broadcast_to(np.asarray(v, np.float32).reshape(-1, 1), (P, 1))
+        run.vector_acc[P] = np.broadcast_to(np.asarray(v, np.float32).reshape(-1, 1),
+                                            (P, 1)).copy()
         if t is not None:
             instr.reads = tuple(instr.reads) + (region(t),)
-    elif cmd == "reduce":
-        start = run.vector_acc.get(P)
-    if start is None:                     # reset_reduce, or a register never set
-        start = np.full((P, 1), _RESET[rname], np.float32)
-    op = {"max": "maximum", "min": "minimum"}.get(rname, rname)
-    acc = np.asarray(apply_binary(op, np.asarray(start, np.float32).reshape(P, 1),
-                                  np.asarray(red, np.float32)), np.float32)
-    run.vector_acc[P] = acc
-    return acc
+        cmd = "reduce"
+    return _accumulate(run, api, reduce_cmd[cmd], rname, np.asarray(red, np.float32))
 
 
 # --- cross-partition -----------------------------------------------------------------------
