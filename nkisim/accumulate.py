@@ -14,15 +14,19 @@ register no instruction set yet reads as the reset value of the operation, as in
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from . import context, dtypes
 from . import ops as nl
-from .engines import _ACT, _alu_name, _scalar_operand, require_nc_version
+from .engines import (
+    _ACT,
+    _alu_name,
+    _scalar_operand,
+    _write_reduce_res,
+    require_nc_version,
+)
 from .errors import nki_error, shape_str
-from .ops import _detail, _tile, _tile_shape, apply_binary
+from .ops import _detail, _tile, apply_binary
 from .tensor import Tensor, region, write
 from .trace import SCALAR, VECTOR
 
@@ -62,13 +66,14 @@ def _rows(vals, P):
     return np.asarray(vals, np.float32).reshape(P, -1)
 
 
-def _write_res(run, api, reduce_res, acc, P, writes):
-    r = _tile(reduce_res, api, "reduce_res")
-    if r.shape[0] != P or math.prod(_tile_shape(r)[1:]) != 1:
-        raise nki_error("nkisim_shape_mismatch", params=f"reduce_res{shape_str(r.shape)}",
-                        api=api, why=f"reduce_res must be a ({P}, 1) tile")
-    write(r, acc.reshape(r.shape), api, run=run)
-    writes.append(region(r))
+def _start(run, P, cmd, identity):
+    """The (P, 1) register a Vector Engine accumulation starts from under ``cmd`` (other than
+    load_reduce): its value for ``reduce`` (the identity while no instruction has set it), the
+    identity for the other commands."""
+    prev = run.vector_acc.get(P) if cmd == "reduce" else None
+    if prev is None:
+        return np.full((P, 1), identity, np.float32)
+    return np.asarray(prev, np.float32).reshape(P, 1)
 
 
 def _fold(name, acc, vals):
@@ -152,9 +157,7 @@ def tensor_scalar_cumulative(dst, src, op0, op1, imm0, imm1=None, reduce_cmd="re
         if t1 is not None:
             tiles.append(t1)
     else:
-        prev = run.vector_acc.get(P) if reduce_cmd == "reduce" else None
-        reg = (np.full((P, 1), _IDENTITY[n1], np.float32) if prev is None
-               else np.asarray(prev, np.float32).reshape(P, 1))
+        reg = _start(run, P, reduce_cmd, _IDENTITY[n1])
     if n1 == "subtract":
         out = np.empty_like(t)
         for i in range(t.shape[1]):
@@ -225,29 +228,25 @@ def exponential(dst, src, max_value=0.0, reduce_res=None, reduce_cmd="idle", red
     tiles = [s] + ([mt] if mt is not None else [])
     x = _rows(nl._tile_vals(s, api, run), P)
     out = np.exp(x - m).astype(np.float32, copy=False)
-    writes = []
+    if reduce_res is not None:
+        _dtype_in(api, "reduce_res", _tile(reduce_res, api, "reduce_res"), _EXP_RES,
+                  _names(_EXP_RES))
     if reduce_cmd == "load_reduce":
         init, it = _vector(run, api, "reduce_init", 0.0 if reduce_init is None else reduce_init,
                            s, fp32=True)
         start = np.broadcast_to(init, (P, 1)).astype(np.float32)
         if it is not None:
             tiles.append(it)
-    elif reduce_cmd == "reduce" and run.vector_acc.get(P) is not None:
-        start = np.asarray(run.vector_acc[P], np.float32).reshape(P, 1)
-    else:                    # reset_reduce, idle (its own sum), or a register never set
-        start = np.zeros((P, 1), np.float32)
+    else:                    # reset_reduce, idle (its own sum), reduce
+        start = _start(run, P, reduce_cmd, 0.0)
     acc = _fold("add", start, out)
     run.vector_acc[P] = acc
     write(d, out.reshape(d.shape), api, run=run)
-    writes.append(region(d))
-    if reduce_res is not None:
-        r = _tile(reduce_res, api, "reduce_res")
-        _dtype_in(api, "reduce_res", r, _EXP_RES, _names(_EXP_RES))
-        _write_res(run, api, r, acc, P, writes)
     detail = _detail(*tiles)
-    detail.update(func="exp", inputs=1, reduce=reduce_res is not None)
-    run.record(api, VECTOR, tuple(region(t) for t in tiles), tuple(writes),
-               dtypes.name(d.dtype), P, out.shape[1], detail)
+    detail.update(func="exp", inputs=1, reduce=False)
+    instr = run.record(api, VECTOR, tuple(region(t) for t in tiles), (region(d),),
+                       dtypes.name(d.dtype), P, out.shape[1], detail)
+    _write_reduce_res(run, reduce_res, acc, api, instr)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -375,12 +374,11 @@ def activate2(dst, op, data, imm0, imm1, op0, op1, relu_param=0.0, reverse0=Fals
             acc = _fold(rname, np.asarray(acc, np.float32).reshape(P, 1), out)
         if reduce_cmd != "idle":
             run.vector_acc[key] = acc
-    writes = []
     write(d, out.reshape(d.shape), api, run=run)
-    writes.append(region(d))
-    if reduce_res is not None:
-        _write_res(run, api, reduce_res, np.asarray(acc, np.float32).reshape(P, 1), P, writes)
     detail = _detail(*tiles)
-    detail.update(func=fname, alu=n0, alu1=n1, inputs=1, reduce=reduce_res is not None)
-    run.record(api, SCALAR, tuple(region(t) for t in tiles), tuple(writes),
-               dtypes.name(d.dtype), P, out.shape[1], detail)
+    detail.update(func=fname, alu=n0, alu1=n1, inputs=1, reduce=False)
+    instr = run.record(api, SCALAR, tuple(region(t) for t in tiles), (region(d),),
+                       dtypes.name(d.dtype), P, out.shape[1], detail)
+    if reduce_res is not None:
+        _write_reduce_res(run, reduce_res, np.asarray(acc, np.float32).reshape(P, 1), api,
+                          instr)
