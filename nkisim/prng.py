@@ -36,7 +36,7 @@ from . import context, dtypes
 from .engines import _scalar_operand, require_nc_version
 from .errors import nki_error, shape_str
 from .ops import _detail, _tile, _tile_shape
-from .tensor import Tensor, read, region, write
+from .tensor import Tensor, _free, read, region, write
 from .trace import GPSIMD, VECTOR
 
 WORDS = 6                              # XORWOW: x, y, z, w, v and the Weyl counter d
@@ -129,10 +129,6 @@ def draw_bits(run, engine: str, lanes: slice, per_lane: int) -> np.ndarray:
 
 # ---------------------------------------------------------------------------------------------
 # instructions
-
-
-def _free(t: Tensor) -> int:
-    return t.size // max(1, t.shape[0])
 
 
 def rng(dst, engine=VECTOR):
