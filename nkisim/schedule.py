@@ -501,19 +501,10 @@ def _pe_book(cells, dep, dur, ls, reorder, pools, free, issue):
     ``dur``; LoadStationary (``ls``) is hidden only behind a matmul that ends just then on the
     same cells. Books the cells."""
     if reorder:
-        s = dep
-        for _ in range(64):
-            s2 = max(pools[c]._earliest(s, dur) for c in cells)
-            if s2 == s:
-                break
-            s = s2
+        s = _cells_earliest(pools, cells, dep, dur)
         if not any(_busy_before(pools[c], s) for c in cells):
             dur += ls
-            for _ in range(64):
-                s2 = max(pools[c]._earliest(s, dur) for c in cells)
-                if s2 == s:
-                    break
-                s = s2
+            s = _cells_earliest(pools, cells, s, dur)
         for c in cells:
             pools[c]._insert(s, dur)
     else:
@@ -526,6 +517,16 @@ def _pe_book(cells, dep, dur, ls, reorder, pools, free, issue):
         for c in cells:
             free[c] = s + dur
     return s, dur
+
+
+def _cells_earliest(pools, cells, s, dur):
+    """The earliest time at or after ``s`` when every one of ``cells`` is free for ``dur``."""
+    for _ in range(64):
+        s2 = max(pools[c]._earliest(s, dur) for c in cells)
+        if s2 == s:
+            break
+        s = s2
+    return s
 
 
 def _busy_before(pool: _DmaPool, t: float) -> bool:
