@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import context, dtypes
 from .. import ops as _ops
+from ..engines import require_nc_version
 from ..errors import nki_error
 from ..indexing import DynSlice, whole
 from ..lowering import dropout as _dropout
@@ -749,10 +750,9 @@ def _not_in_no_reorder(api):
 def _nc_v4_only(name):
     def fn(x, y, dtype=None):
         _need(0, 4, name)
-        run = context.current()
-        raise nki_error("nkisim_invalid_argument", api=f"nl.{name}",
-                        why=f"available only on NeuronCore-v4 (trn3) and newer, not on "
-                            f"{run.arch.name}")
+        require_nc_version(context.current(), f"nl.{name}", 4)
+        raise nki_error("nkisim_unsupported", what=f"nl.{name}",
+                        why="nkisim simulates no NeuronCore-v4 target")
     fn.__name__ = fn.__qualname__ = name
     return fn
 
