@@ -1349,9 +1349,7 @@ def range_select(*, on_true_tile, comp_op0, comp_op1, bound0, bound1,
     beyond"."""
     run = context.current()
     api = "range_select"
-    if run.arch.nc_version < 3:
-        raise nki_error("nkisim_invalid_argument", api=api,
-                        why="range_select is available only on NeuronCore-v3 (trn2) and beyond")
+    require_nc_version(run, api, 3)
     x = _tile(on_true_tile, api, "on_true_tile")
     P = x.shape[0]
     shape = _tile_shape(x)

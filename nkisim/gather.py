@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import context, dtypes
+from .engines import require_nc_version
 from .errors import nki_error, shape_str
 from .ops import _detail, _tile, result_tile
 from .tensor import _free, _partitions, read, region, values, write
@@ -78,9 +79,7 @@ def nonzero_with_count(dst, src, index_offset=0, padding_val=-1) -> None:
     first partition (nki-library's kernels pass tiles starting at partition 0)."""
     run = context.current()
     api = "nonzero_with_count"
-    if run.arch.nc_version < 3:
-        raise nki_error("nkisim_invalid_argument", api=api,
-                        why=f"available only on NeuronCore-v3 and newer, not on {run.arch.name}")
+    require_nc_version(run, api, 3)
     s = _sbuf(src, api, "src")
     d = _sbuf(dst, api, "dst")
     if s.dtype not in (np.dtype(np.float32), np.dtype(np.int32)):

@@ -492,7 +492,7 @@ def test_nonzero_with_count_errors():
 
 def test_nonzero_with_count_is_not_on_trn1(monkeypatch):
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn1")
-    with pytest.raises(ValueError, match="NeuronCore-v3 and newer, not on trn1"):
+    with pytest.raises(ValueError, match=r"NeuronCore-v3 \(trn2\) and newer, not on trn1"):
         nki.simulate(nonzero)(np.zeros((16, 8), np.float32), 0, -1)
 
 
