@@ -30,6 +30,9 @@
         nkisim's cost model (or p99 of nki.benchmark on a device), with the course's verdict
         where the course grades the configuration.
 
+Warnings raised while the cases run are printed once per source line, after the results, with
+the number of runs that raised them.
+
 Exit status: 0 every case passed, 1 a case failed (or raised), 2 a usage error (the message
 names the argument). The JSON report format is documented in docs/report-schema.md.
 """
@@ -54,6 +57,7 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
+import warnings  # noqa: E402
 
 from . import registry  # noqa: E402
 from ._util import UsageError, check_report_path, reproduce_command  # noqa: E402, F401
@@ -225,6 +229,20 @@ def _run_one(job):
     # (the machine may be shared), for --timings
     result = {"passed": False, "stats": {}, "error": None, "message": None, "kernel_s": None,
               "reduction_length": None, "pid": os.getpid(), "started": time.time()}
+    # the run's warnings (nkisim's rule and suspicious-pattern warnings, the kernel's own) are
+    # kept with its result and printed once per source line for all runs (``_print_warnings``),
+    # not once per run: a course checkout runs the same kernel ~100 times. The warning filters
+    # stay as they are (``-W error`` still raises).
+    with warnings.catch_warnings(record=True) as caught:
+        _run_case(kernel, params, dtype, seed, dist, dialect, backend, result)
+    result["warnings"] = _distinct_warnings(caught)
+    result["elapsed_s"] = time.perf_counter() - t0
+    result["ended"], result["cpu_s"] = time.time(), time.process_time() - cpu0
+    return result
+
+
+def _run_case(kernel, params, dtype, seed, dist, dialect, backend, result) -> None:
+    """``_run_one``'s case run: fills ``result`` in."""
     try:
         spec = registry.spec_for(kernel)
         if dialect is not None:
@@ -246,9 +264,39 @@ def _run_one(job):
         result["error"] = _one_line(exc)
         result["message"] = (result["error"] + "\n" + _user_traceback(exc)).rstrip("\n")
         result["raised"] = True
-    result["elapsed_s"] = time.perf_counter() - t0
-    result["ended"], result["cpu_s"] = time.time(), time.process_time() - cpu0
-    return result
+
+
+def _distinct_warnings(caught) -> list:
+    """The distinct warnings of ``caught`` (``warnings.catch_warnings(record=True)``), in
+    order, as picklable (category name, message, file, line) tuples."""
+    out = []
+    for w in caught:
+        key = (w.category.__name__, str(w.message).strip(), w.filename, w.lineno)
+        if key not in out:
+            out.append(key)
+    return out
+
+
+def _print_warnings(labelled, shown=None) -> None:
+    """Each distinct warning of ``labelled`` ([(label, warnings)]: a run's label and its
+    ``_distinct_warnings``) once, on stderr, at the kernel line that raised it, with how many
+    of the runs raised it and the first of them.
+    ``shown``: a set of warnings already printed (skipped; the printed ones are added)."""
+    by_key: dict = {}
+    for label, found in labelled:
+        for key in found or ():
+            by_key.setdefault(tuple(key), []).append(label)
+    if shown is not None:
+        by_key = {k: v for k, v in by_key.items() if k not in shown}
+        shown.update(by_key)
+    if not by_key:
+        return
+    print(f"\nwarnings ({len(by_key)}, each once):", file=sys.stderr)
+    for (category, text, file, line), labels in by_key.items():
+        where = f"{file}:{line}: " if file else ""
+        print(f"  {where}{category}: " + text.replace("\n", "\n    "), file=sys.stderr)
+        print(f"    in {len(labels)} of {len(labelled)} runs (first: {labels[0]})",
+              file=sys.stderr)
 
 
 def _one_line(exc) -> str:
@@ -508,9 +556,10 @@ def _backend_or_usage(name, target):
     return backend
 
 
-def run_selected(selected, args, refs, *, title="nki-verify"):
-    """Run (case, dtype) pairs; print the table and failures; return (records, failures,
-    interrupted, report)."""
+def run_selected(selected, args, refs, *, title="nki-verify", warned=None):
+    """Run (case, dtype) pairs; print the table, failures and warnings (``warned``: a set
+    that gets the warnings printed, ``_print_warnings``); return (report, failures,
+    interrupted)."""
     from .report import CaseRecord, Report
 
     backend = _backend_or_usage(args.backend, args.target)
@@ -568,6 +617,8 @@ def run_selected(selected, args, refs, *, title="nki-verify"):
                                                      if replaced else ""))
     for label, message in failures:
         print(f"\n=== {label} ===\n{message}", file=sys.stderr)
+    _print_warnings([(label, r.get("warnings")) for label, r in zip(labels, results)
+                     if r is not None], warned)
     return report, failures, interrupted
 
 
@@ -672,8 +723,8 @@ def cmd_case(args) -> int:
     print(_table(CASE_COLUMNS, [cells], right_from=4))
     if not result["passed"]:
         print(result["message"] or result["error"], file=sys.stderr)
-        return 1
-    return 0
+    _print_warnings([(f"{args.name} {args.dtype}", result["warnings"])])
+    return 0 if result["passed"] else 1
 
 
 # ---- course: a whole assignment checkout --------------------------------------------------------
@@ -845,9 +896,12 @@ def cmd_course(args) -> int:
         print(f"  note: {note}", file=sys.stderr)
     kernels = {s.name for s in specs}
     selected = _select(args.cases, args.quick, None, kernels=kernels, every_dtype=True)
+    warned: set = set()         # (the latency runs below print only the warnings not seen)
     report, failures, interrupted = run_selected(selected, args, refs,
-                                                 title="nki-verify course")
-    latencies = [] if interrupted else _course_latencies(args, args.quick)
+                                                 title="nki-verify course", warned=warned)
+    with warnings.catch_warnings(record=True) as caught:
+        latencies = [] if interrupted else _course_latencies(args, args.quick)
+    _print_warnings([("the latency estimates", _distinct_warnings(caught))], warned)
 
     print("\n==== summary ====")
     # Cases beyond the course's contract (docs/course-contract.md: a tiled n that is not a

@@ -256,3 +256,43 @@ def test_an_error_deep_in_an_op_points_at_the_kernels_line(tmp_path):
     assert os.path.dirname(nkisim.__file__) not in where          # none of nkisim's frames
     # nothing of the user's raised: no frames to show
     assert cli._user_traceback(registry.KernelReturnedNone("returned None")) == ""
+
+
+BLOCK_DIM_ADD = '''
+import neuronxcc.nki as nki
+import neuronxcc.nki.language as nl
+
+
+@nki.jit
+def vector_add_naive(a_vec, b_vec):
+    n = a_vec.shape[0]
+    out = nl.ndarray((n,), dtype=a_vec.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray((2, nl.par_dim(n), 1), dtype=a_vec.dtype, buffer=nl.sbuf)
+    t[0] = nl.load(a_vec.reshape((n, 1)))
+    t[1] = nl.load(b_vec.reshape((n, 1)))
+    nl.store(out.reshape((n, 1)), value=nl.add(t[0], t[1]))
+    return out
+'''
+
+
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_warning_every_run_raises_is_printed_once_with_its_count(tmp_path, jobs):
+    """A course checkout runs a kernel ~100 times: its warnings (here NKI's block-dimension
+    rule, ref: warn_block_dimension_is_deprecated) come once per kernel line, with how many
+    runs raised them, not once per run (in worker processes too)."""
+    import subprocess
+    import sys
+    path = tmp_path / "kernels.py"
+    path.write_text(BLOCK_DIM_ADD)
+    line = BLOCK_DIM_ADD.splitlines().index(
+        "    t = nl.ndarray((2, nl.par_dim(n), 1), dtype=a_vec.dtype, buffer=nl.sbuf)") + 1
+    r = subprocess.run([sys.executable, "-m", "nkiverify.cli", "run", "--kernel",
+                        f"naive={path}:vector_add_naive", "--cases", "naive-*", "--dtypes",
+                        "float32,float16", "-j", jobs], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    runs = sum(ln.startswith("naive-") for ln in r.stdout.splitlines())
+    assert runs >= 3, r.stdout
+    assert r.stderr.count("warn_block_dimension_is_deprecated") == 1, r.stderr
+    assert f"{path}:{line}: NKIRuleWarning: NKI rule the device tolerates" in r.stderr
+    assert f"in {runs} of {runs} runs (first: naive-" in r.stderr
