@@ -227,6 +227,8 @@ class Run:
     assoc: object = None                              # Allocation under `acc += x` (checks)
     into: object = None                               # the dst the next result is written
     #                                                   into (ops.result_tile, nki.isa._direct)
+    direct: object = None                             # into's write begun by tensor.begin_direct
+    #                                                   (its result computed in place)
     strict: bool = False                              # NKISIM_STRICT=1: tolerated rules raise
     taint: object = None                              # uninitialized values read by the current
     #                                                   instruction (nkisim.tensor.read/write)

@@ -318,6 +318,6 @@ def call_into(run, dst, fn, args, kwargs):
     try:
         res = fn(*args, **kwargs)
     finally:
-        run.into = None
+        run.into = run.direct = None
         instr, dst._producer = dst._producer, prev      # (a record of dst's own, if any)
     return res, instr if res is dst else None

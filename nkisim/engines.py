@@ -21,6 +21,7 @@ from .dstform import code_sites, into_target
 from .errors import nki_error, shape_str
 from .indexing import IndexExpr, MaskExpr
 from .ops import (
+    PLAIN_BINARY,
     _detail,
     _mask,
     _partitions,
@@ -28,6 +29,8 @@ from .ops import (
     _tile_shape,
     _tile_vals,
     apply_binary,
+    apply_binary_into,
+    direct_out,
     reduce_axes,
     reduce_masks,
     reduce_values,
@@ -296,17 +299,30 @@ def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, 
                             "NeuronCore-v3 (\"Add and Multiply are supported on Scalar Engine "
                             "only from NeuronCore-v3\"): on trn1 use nisa.activation(op=nl.copy, "
                             "data=..., bias=..., scale=...) or the Vector Engine")
-    v = read(x, api, run).reshape(_tile_shape(x))
+    shape = _tile_shape(x)
+    v = read(x, api, run).reshape(shape)
     v = v if bitvec else dtypes.to_f32(v)
     o0, t0 = _scalar_operand(operand0, x, api, "operand0", run)
-    out = apply_binary(n0, o0, v) if reverse0 else apply_binary(n0, v, o0)
     tiles = [x] + ([t0] if t0 is not None else [])
+    o1 = None
     if n1 is not None:
         o1, t1 = _scalar_operand(operand1, x, api, "operand1", run)
-        out = apply_binary(n1, o1, out) if reverse1 else apply_binary(n1, out, o1)
         if t1 is not None:
             tiles.append(t1)
-    shape = _tile_shape(x)
+    out = None
+    if run.into is not None and mask is None and n0 in PLAIN_BINARY and (
+            n1 is None or n1 in PLAIN_BINARY):
+        # `t[...] = tensor_scalar(...)` / dst=: computed straight into the destination (the
+        # same ufuncs on the same fp32 values as below)
+        out = direct_out(run, shape, dtype or x.dtype, eng, api)
+        if out is not None:
+            apply_binary_into(n0, *((o0, v) if reverse0 else (v, o0)), out)
+            if n1 is not None:
+                apply_binary_into(n1, *((o1, out) if reverse1 else (out, o1)), out)
+    if out is None:
+        out = apply_binary(n0, o0, v) if reverse0 else apply_binary(n0, v, o0)
+        if n1 is not None:
+            out = apply_binary(n1, o1, out) if reverse1 else apply_binary(n1, out, o1)
     detail = _detail(x)
     detail.update(alu=n0, alu1=n1)
     if _owned(out, v) and out.shape == shape:
@@ -371,17 +387,26 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unkn
         sa, sb = va.shape, vb.shape
         if math.prod(sa) == math.prod(sb) and sa != sb:
             vb = vb.reshape(sa)                   # same elements per partition, other shape
-    try:
-        out = apply_binary(name, va, vb)
-    except ValueError:
-        raise nki_error("nkisim_shape_mismatch", params=f"data1{shape_str(a.shape)}, "
-                        f"data2{shape_str(b.shape)}", api=api,
-                        why="the tiles must have the same number of elements per partition "
-                            "(or one of them broadcast along the free dimensions)") from None
-    detail = _detail(a, b)
-    detail["alu"] = name
     if dtype is None:
         dtype = a.dtype if a.dtype is b.dtype else dtypes.promote(a.dtype, b.dtype)
+    out = None
+    if run.into is not None and mask is None and sa == sb and not exact and \
+            name in PLAIN_BINARY:
+        # `t[...] = tensor_tensor(...)` / dst=: computed straight into the destination
+        out = direct_out(run, sa, dtype, eng, api)
+        if out is not None:
+            apply_binary_into(name, va, vb, out)
+    if out is None:
+        try:
+            out = apply_binary(name, va, vb)
+        except ValueError:
+            raise nki_error("nkisim_shape_mismatch", params=f"data1{shape_str(a.shape)}, "
+                            f"data2{shape_str(b.shape)}", api=api,
+                            why="the tiles must have the same number of elements per "
+                                "partition (or one of them broadcast along the free "
+                                "dimensions)") from None
+    detail = _detail(a, b)
+    detail["alu"] = name
     return result_tile(run, out.shape, dtype, out, api, eng, (a, b), detail,
                        mask=None if mask is None else _mask(mask, out.shape), fresh=True)
 

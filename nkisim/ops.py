@@ -178,6 +178,25 @@ def _mask(mask, shape):
 DIRECT_RESULTS = True
 
 
+def direct_out(run, shape, dtype, engine, api, buffer=sbuf):
+    """The array an op without a mask may compute its result into (``out=``): ``run.into``'s
+    storage (``tensor.begin_direct``) where ``result_tile`` below writes the result there, else
+    None (compute as usual). The op then passes that array to ``result_tile`` as its values,
+    nothing raising in between."""
+    into = run.into
+    if into is None or not DIRECT_RESULTS or run.taint is not None or engine == TENSOR or (
+            engine == GPSIMD and into.root.buffer == "psum"):
+        return None
+    return tensor.begin_direct(run, into, shape, dtype, buffer, api)
+
+
+def apply_binary_into(name, a, b, out) -> None:
+    """``apply_binary(name, a, b)`` computed into ``out`` (fp32, the inputs' shape), for a
+    ``name`` in ``PLAIN_BINARY`` (a plain ufunc of the fp32 inputs: the same loop, so the
+    same values)."""
+    _PLAIN_BINARY_FN[name](a, b, out=out)
+
+
 def result_tile(run, shape, dtype, vals, op, engine, reads, detail, buffer=sbuf, mask=None,
                 name=None, fresh=False, site=None):
     """Create the instruction's output tile, write ``vals``, record the instruction.
@@ -873,6 +892,9 @@ _UNARY_ALU_FN = {
 # the binary ALU ops that are a plain NumPy ufunc of the fp32 inputs (not bit-vector ops)
 _PLAIN_BINARY_FN = {k: v for k, v in _BINARY_FN.items() if not _bitvec_op(k) and
                     k not in _UNARY_ALU_FN}
+
+
+PLAIN_BINARY = frozenset(_PLAIN_BINARY_FN)
 
 
 def apply_binary(name, a, b):

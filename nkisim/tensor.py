@@ -1805,6 +1805,37 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
             if run.taint is not None:
                 _apply_taint(run, t, api, None)
             return
+    state = _write_begin(t, vals, api, accumulate, mask, run, add)
+    dt = t.dtype
+    if dt == dtypes.TF32 or (dt.kind in "iub" and dtypes.floating(np.asarray(vals).dtype)):
+        vals = dtypes.cast(vals, dt)
+    idx = t._idx
+    # (overflow to inf / NaN is silent: the run's np.errstate, nkisim.runtime.simulate)
+    if add is not None:
+        np.add(t._arr, add, out=t._arr)
+    elif mask is None:
+        if idx is None:
+            _copy(t._arr, vals)
+        else:
+            t._arr[idx] = vals
+    else:
+        m = np.broadcast_to(mask, t.shape)
+        v = np.broadcast_to(vals, t.shape)
+        if idx is None:
+            np.copyto(t._arr, v, where=m, casting="unsafe")
+        else:
+            sel = tuple(np.broadcast_to(i, t.shape)[m] for i in _full_idx(idx, t))
+            t._arr[sel] = v[m]
+    _write_end(t, api, mask, run, state)
+
+
+def _write_begin(t: Tensor, vals, api, accumulate, mask, run, add):
+    """``write``'s first half, before the values land: the checks (which raise with nothing
+    written), the view's mask, and the poison of the elements the write leaves unwritten.
+    Returns what ``_write_end`` needs. ``vals``: the values (None for none; ``write``'s
+    checks may compare them with the stored ones), or ``DIRECT`` (computed into the view
+    after this, ``direct_array``)."""
+    root = t.root
     if root.param and not root.mutable and "inputs" in run.checks:
         raise nki_error("err_cannot_update_immutable_parameter", name=root.name)
     if t._slots is not None:
@@ -1827,17 +1858,17 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
             checks.to_boxes(root)
     keep = False      # True: an accumulation keeps its group's first epoch (nkisim.checks)
     if t._ws is not None:
+        direct = vals is DIRECT
         keep = checks.check_write(run, t if mask is None else _masked_shadow_view(t, t._mask,
                                                                                  run),
                                   api, accumulate,
-                                  same_values=lambda: _same_values(t, vals, mask, add),
-                                  view=t if add is None and vals is not None else None,
+                                  same_values=None if direct else
+                                  lambda: _same_values(t, vals, mask, add),
+                                  view=t if add is None and vals is not None and not direct
+                                  else None,
                                   values_of=values)
         if lazy and root.shadow is not None:
             lazy = False                  # the checks materialized the boxes
-    dt = t.dtype
-    if dt == dtypes.TF32 or (dt.kind in "iub" and dtypes.floating(np.asarray(vals).dtype)):
-        vals = dtypes.cast(vals, dt)
     idx = t._idx
     unp = root.unpoisoned
     if unp is not None:
@@ -1850,22 +1881,15 @@ def write(t: Tensor, vals, api: str, *, accumulate=False, mask=None, run=None,
             poisoned(root)    # (of a root written in boxes: the elements no box covers)
         # (a box of a root written in boxes, not read: the poison goes into the elements no
         # box covers when something reads them, ``poisoned``, or never if boxes cover the tile)
-    # (overflow to inf / NaN is silent: the run's np.errstate, nkisim.runtime.simulate)
-    if add is not None:
-        np.add(t._arr, add, out=t._arr)
-    elif mask is None:
-        if idx is None:
-            _copy(t._arr, vals)
-        else:
-            t._arr[idx] = vals
-    else:
-        m = np.broadcast_to(mask, t.shape)
-        v = np.broadcast_to(vals, t.shape)
-        if idx is None:
-            np.copyto(t._arr, v, where=m, casting="unsafe")
-        else:
-            sel = tuple(np.broadcast_to(i, t.shape)[m] for i in _full_idx(idx, t))
-            t._arr[sel] = v[m]
+    return lazy, box, keep
+
+
+def _write_end(t: Tensor, api, mask, run, state) -> None:
+    """``write``'s second half, after the values landed: the view's write stamps (its box or
+    its elements' epochs), the taint, the end of a PSUM accumulation group."""
+    lazy, box, keep = state
+    root = t.root
+    idx = t._idx
     if lazy and box is not None and not keep:
         checks.stamp_box(root, box, run.epoch)
     elif t._ws is not None and not keep and not lazy:   # (lazy: check_write set `uniform`)
@@ -2165,6 +2189,19 @@ def _unallocated_result(run, kind, site) -> None:
     memory.clock += 1
 
 
+class _DirectValues:
+    """``_write_begin``'s ``vals`` for a write whose values are computed into the view after
+    its checks (``direct_array``)."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        return "<values computed in place>"
+
+
+DIRECT = _DirectValues()
+
+
 class _Stored:
     """What an op called as ``t[key] = op(...)`` returns when it wrote ``t[key]`` itself."""
 
@@ -2204,6 +2241,31 @@ def write_checked(dst: Tensor, vals, api: str, run) -> bool:
     return True
 
 
+def begin_direct(run, dst: Tensor, shape, dtype, buffer, api):
+    """``dst``'s storage for an instruction to compute its result into (NumPy ``out=``), with
+    ``dst``'s write checks made (``_write_begin``: before the values land), or None (nothing
+    done; compute as usual): where the result is ``dst`` whole as fp32 into fp32 (no rounding
+    to do), a plain view, no launch grid, and ``write_into`` would write it there
+    (``direct_spec``); where the checks refuse the write (the literal path then raises their
+    error). The caller computes into the array, nothing raising, and hands it to
+    ``ops.result_tile`` as the values: ``write_into`` finishes the write (``_write_end``) and
+    records it. (Issue 12: the result's fresh array and its copy into ``dst`` cost ~25 of a
+    ``t[...] = nisa.tensor_tensor(...)``'s ~70 us on a 128x512 fp32 tile.)"""
+    if run.spmd is not None or dst._idx is not None or dst.root.adopted or \
+            dst.dtype is not dtypes.F32 or dst.shape != shape or \
+            (dtype is not dtypes.F32 and dtypes.normalize(dtype) is not dtypes.F32):
+        return None
+    spec = direct_spec(run, dst, shape, dtypes.F32, buffer)
+    if spec is None:
+        return None
+    try:
+        state = _write_begin(dst, DIRECT, api, False, None, run, None)
+    except Exception:       # noqa: BLE001 - raised again by the literal path, in its place
+        return None
+    run.direct = (dst, state, spec)
+    return dst._arr
+
+
 def write_into(run, dst: Tensor, shape, dtype, buffer, vals, op, engine, reads, detail,
                site):
     """An instruction's result written straight into ``dst`` (the current face's
@@ -2218,14 +2280,20 @@ def write_into(run, dst: Tensor, shape, dtype, buffer, vals, op, engine, reads, 
     (nothing done) where ``direct_spec`` finds none or writing ``dst`` raises: the literal path
     then records the instruction and raises that error when it writes ``dst`` (a refused write
     changes nothing observable: the checks raise before the values land)."""
-    spec = direct_spec(run, dst, shape, dtype, buffer)
-    if spec is None:
-        return None
-    ds, rs = dst.shape, spec.shape
-    if getattr(vals, "shape", None) != rs:
-        vals = np.broadcast_to(vals, rs)
-    if not write_checked(dst, fit(vals, ds, rs), op, run):
-        return None
+    direct = run.direct
+    if direct is not None and direct[0] is dst and vals is dst._arr:
+        run.direct = None           # computed in place after begin_direct's checks
+        spec, rs = direct[2], direct[2].shape
+        _write_end(dst, op, None, run, direct[1])
+    else:
+        spec = direct_spec(run, dst, shape, dtype, buffer)
+        if spec is None:
+            return None
+        ds, rs = dst.shape, spec.shape
+        if getattr(vals, "shape", None) != rs:
+            vals = np.broadcast_to(vals, rs)
+        if not write_checked(dst, fit(vals, ds, rs), op, run):
+            return None
     _unallocated_result(run, spec.buf.kind, site)
     p = rs[0]
     return run.record(op, engine, read_regions(reads), (region(dst),), dtypes.name(dst.dtype),

@@ -760,3 +760,79 @@ def test_a_target_found_through_user_code_is_left_to_python(monkeypatch):
     out, err, _, stored = _same_stored(k, (X64,), monkeypatch)
     assert err is None and stored == 0 and len(calls) == 2 * 3
     np.testing.assert_array_equal(out, X64)
+
+
+# ---------------------------------------------------------------------------------------------
+# the result computed in place (tensor.begin_direct, NumPy out=): tensor_tensor and
+# tensor_scalar into an fp32 destination, compared with the result tile path as above
+
+def _in_place_kernel():
+    nl_, nisa_ = nki_face.language, nki_face.isa
+
+    @nki_face.jit
+    def k(x, y):
+        xs = nl_.ndarray((128, 64), dtype=nl_.float32, buffer=nl_.sbuf)
+        nisa_.dma_copy(dst=xs, src=x)
+        ys = nl_.ndarray((128, 64), dtype=nl_.float32, buffer=nl_.sbuf)
+        nisa_.dma_copy(dst=ys, src=y)
+        col = nl_.ndarray((128, 1), dtype=nl_.float32, buffer=nl_.sbuf)
+        nisa_.tensor_copy(dst=col, src=ys[:, 0:1])
+        acc = nl_.ndarray((128, 64), dtype=nl_.float32, buffer=nl_.sbuf)
+        nisa_.tensor_tensor(dst=acc, data1=xs, data2=ys, op=nl_.add)    # (allocates: literal)
+        nisa_.tensor_scalar(dst=acc, data=acc, op0=nl_.add, operand0=1.0)
+        for _ in nl_.sequential_range(3):
+            # the destination is an operand; then a column view, the operand overlapping it
+            # shifted by one column
+            nisa_.tensor_tensor(dst=acc, data1=acc, data2=ys, op=nl_.multiply)
+            nisa_.tensor_scalar(dst=acc, data=acc, op0=nl_.subtract, operand0=col,
+                                reverse0=True, op1=nl_.maximum, operand1=0.25)
+            nisa_.tensor_tensor(dst=acc[:, 1:33], data1=acc[:, 0:32], data2=xs[:, 0:32],
+                                op=nl_.greater)
+            nisa_.tensor_scalar(dst=acc[:, 33:64], data=acc[:, 32:63], op0=nl_.divide,
+                                operand0=3.0, op1=nl_.add, operand1=col, reverse1=True)
+        o = nl_.ndarray((128, 64), dtype=nl_.float32, buffer=nl_.shared_hbm)
+        nisa_.dma_copy(dst=o, src=acc)
+        return o
+    return k
+
+
+def _numpy_in_place(x, y):
+    col = y[:, 0:1]
+    acc = x + y + np.float32(1)
+    for _ in range(3):
+        acc = acc * y
+        acc = np.maximum(col - acc, np.float32(0.25))
+        acc[:, 1:33] = acc[:, 0:32] > x[:, 0:32]
+        acc[:, 33:64] = col + acc[:, 32:63] / np.float32(3)
+    return acc
+
+
+def _beta1_race_kernel(x):
+    xs = nl.load(x)
+    acc = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+    acc[...] = nisa.tensor_scalar(xs, nl.add, 1.0)      # (allocates the result shape: literal)
+    for i in nl.affine_range(2):
+        acc[...] = nisa.tensor_scalar(xs, nl.add, 1.0 * i)    # iterations: other values
+    o = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+    nl.store(o, acc)
+    return o
+
+
+@pytest.mark.parametrize("checks", ["all", "none"])
+def test_results_computed_in_place_equal_the_result_tile_path(monkeypatch, checks):
+    out, err, _, direct = _both_ways(lambda: _in_place_kernel()(X64, Y64), monkeypatch, checks,
+                                     (ops_mod, "DIRECT_RESULTS"), (tensor_mod, "begin_direct"))
+    assert err is None
+    # every op of the loop but the first of each shape and op, and the first tensor_scalar
+    assert direct >= 9
+    np.testing.assert_array_equal(out, _numpy_in_place(X64, Y64))
+
+
+def test_a_write_the_checks_refuse_raises_as_on_the_result_tile_path(monkeypatch):
+    """Beta 1's output dependency in an affine loop: iteration 0 computes in place, iteration
+    1's checks refuse the write before any value lands and the literal path raises."""
+    _, err, _, direct = _both_ways(
+        lambda: simulate_kernel(nki.jit(_beta1_race_kernel), X64), monkeypatch, "all",
+        (ops_mod, "DIRECT_RESULTS"), (tensor_mod, "begin_direct"))
+    assert direct == 1
+    assert err is not None and "Unexpected output dependencies" in err[1], err
