@@ -972,16 +972,31 @@ def _binary(name, x, y, dtype, mask):
             dtype = np.dtype(np.bool_)
         else:
             dtype = dtypes.promote(_operand_dtype(x), _operand_dtype(y))
-    out = apply_binary(name, a, b)
-    out = np.broadcast_to(out, shape)
     engine = VECTOR
+    op = "tensor_tensor" if len(tiles) == 2 else "tensor_scalar"
+    out = None
+    if run.into is not None and mask is None and len(shape) >= 2 and name in PLAIN_BINARY:
+        # `t[...] = nl.add(...)`: computed straight into the destination (the same ufunc)
+        out = direct_out(run, shape, dtype, engine, op)
+        if out is not None:
+            apply_binary_into(name, a, b, out)
+    fresh = False
+    if out is None:
+        out = apply_binary(name, a, b)
+        # the ufunc's own result becomes the tile's storage (no copy, issue 12), unless it is
+        # broadcast or reshaped
+        fresh = type(out) is np.ndarray and out.shape == shape and out.base is None and \
+            out is not a and out is not b
+        if not fresh:
+            out = np.broadcast_to(out, shape)
     detail = _detail(*tiles, inputs=len(tiles))
     detail["alu"] = name
     if len(shape) < 2:
         shape = (shape[0] if shape else 1, 1)
         out = out.reshape(shape)
-    return result_tile(run, shape, dtype, out, "tensor_tensor" if len(tiles) == 2 else
-                       "tensor_scalar", engine, tiles, detail, mask=_mask(mask, shape))
+        fresh = False
+    return result_tile(run, shape, dtype, out, op, engine, tiles, detail,
+                       mask=_mask(mask, shape), fresh=fresh)
 
 
 def keywords_check(api, mask, kwargs) -> None:

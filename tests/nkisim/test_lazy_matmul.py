@@ -836,3 +836,34 @@ def test_a_write_the_checks_refuse_raises_as_on_the_result_tile_path(monkeypatch
         (ops_mod, "DIRECT_RESULTS"), (tensor_mod, "begin_direct"))
     assert direct == 1
     assert err is not None and "Unexpected output dependencies" in err[1], err
+
+
+def _beta1_in_place_kernel(x, y):
+    xs = nl.load(x)
+    ys = nl.load(y)
+    acc = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+    acc[...] = nl.add(xs, ys)                       # (allocates the result shape: literal)
+    for _ in nl.sequential_range(3):
+        acc[...] = nl.multiply(acc, ys)             # the destination is an operand
+        acc[...] = nl.subtract(acc, ys[:, 0:1])     # a (P, 1) operand, broadcast
+        acc[:, 1:33] = nl.maximum(acc[:, 0:32], 0.5)    # overlapping, shifted by one column
+        acc[:, 33:64] = nl.divide(acc[:, 32:63], xs[:, 0:31])
+    o = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+    nl.store(o, acc)
+    return o
+
+
+@pytest.mark.parametrize("checks", ["all", "none"])
+def test_beta1_language_ops_computed_in_place_equal_the_result_tile_path(monkeypatch, checks):
+    out, err, _, direct = _both_ways(
+        lambda: simulate_kernel(nki.jit(_beta1_in_place_kernel), X64, Y64), monkeypatch, checks,
+        (ops_mod, "DIRECT_RESULTS"), (tensor_mod, "begin_direct"))
+    assert err is None
+    assert direct >= 9
+    want = X64 + Y64
+    for _ in range(3):
+        want = want * Y64
+        want = want - Y64[:, 0:1]
+        want[:, 1:33] = np.maximum(want[:, 0:32], np.float32(0.5))
+        want[:, 33:64] = want[:, 32:63] / X64[:, 0:31]
+    np.testing.assert_array_equal(out, want)
