@@ -562,12 +562,13 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
             raise nki_error("err_activation_scale_invalid_type")
         if _tile_shape(s) != (P, 1):
             raise nki_error("err_activation_scale_scalar_or_vector")
-        v = v * _tile_vals(s, api, run).reshape((P,) + (1,) * (v.ndim - 1))
+        sv = _tile_vals(s, api, run).reshape((P,) + (1,) * (v.ndim - 1))
         tiles.append(s)
     elif isinstance(scale, (int, float, np.integer, np.floating)):
-        v = v * np.float32(scale)
+        sv = np.float32(scale)
     else:
         raise nki_error("err_activation_scale_scalar_or_vector")
+    bv = None
     if bias is not None:
         if isinstance(bias, Tensor):
             bt = _tile(bias, api, "bias")
@@ -578,16 +579,31 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
                 raise nki_error("nkisim_shape_mismatch", params=f"data{shape_str(x.shape)}, "
                                 f"bias{shape_str(bt.shape)}", api=api,
                                 why=f"bias must be a ({P}, 1) vector")
-            v = v + _tile_vals(bt, api, run).reshape((P,) + (1,) * (v.ndim - 1))
+            bv = _tile_vals(bt, api, run).reshape((P,) + (1,) * (v.ndim - 1))
             tiles.append(bt)
         elif isinstance(bias, (int, float)) and run.arch.nc_version >= 3:
-            v = v + np.float32(bias)          # scalar bias allowed from NC-v3 (ref §1.10)
+            bv = np.float32(bias)             # scalar bias allowed from NC-v3 (ref §1.10)
         else:
             raise nki_error("err_activation_bias_invalid_type")
     elif run.allocated_kernel and run.rules.allocated_kernel_rules:
         raise nki_error("err_bias_tensor_must_be_specified_in_allocation")
-    out = nl.apply_unary(fname, v)
     shape = _tile_shape(x)
+    out = None
+    if run.into is not None and mask is None and reduce_res is None and \
+            fname in nl.INPLACE_UNARY and v.shape == shape:
+        # `t[...] = activation(...)` / dst=: computed straight into the destination (the same
+        # fp32 ufuncs in the same order as below)
+        out = direct_out(run, shape, dtype or x.dtype, SCALAR, api)
+        if out is not None:
+            np.multiply(v, sv, out=out)
+            if bv is not None:
+                np.add(out, bv, out=out)
+            nl.apply_unary_into(fname, out)
+    if out is None:
+        v = v * sv
+        if bv is not None:
+            v = v + bv
+        out = nl.apply_unary(fname, v)
     detail = _detail(x)
     detail["func"] = fname
     res = result_tile(run, shape, dtype or x.dtype, out, api, SCALAR, tiles, detail,

@@ -1128,6 +1128,21 @@ def apply_unary(name, x):
         return _UNARY_FN[name](x)
 
 
+# the activation functions that are one NumPy ufunc of their fp32 input (or none: copy), which
+# apply_unary_into computes in place
+INPLACE_UNARY = frozenset(["copy", "identity"] + [
+    k for k, v in _UNARY_FN.items() if isinstance(v, np.ufunc) and v.nin == 1])
+
+
+def apply_unary_into(name, x) -> None:
+    """``x[...] = apply_unary(name, x)`` for a ``name`` in ``INPLACE_UNARY`` (fp32 ``x``: the
+    same ufunc loop, so the same values)."""
+    fn = _UNARY_FN[name]
+    if isinstance(fn, np.ufunc):
+        with np.errstate(all="ignore"):
+            fn(x, out=x)
+
+
 def _unary(name, x, dtype, mask):
     run = context.current()
     t = _tile(x, name, "x")

@@ -763,8 +763,9 @@ def test_a_target_found_through_user_code_is_left_to_python(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# the result computed in place (tensor.begin_direct, NumPy out=): tensor_tensor and
-# tensor_scalar into an fp32 destination, compared with the result tile path as above
+# the result computed in place (tensor.begin_direct, NumPy out=): tensor_tensor,
+# tensor_scalar, activation and nl.add & co. into an fp32 destination, compared with the
+# result tile path as above
 
 def _in_place_kernel():
     nl_, nisa_ = nki_face.language, nki_face.isa
@@ -790,6 +791,8 @@ def _in_place_kernel():
                                 op=nl_.greater)
             nisa_.tensor_scalar(dst=acc[:, 33:64], data=acc[:, 32:63], op0=nl_.divide,
                                 operand0=3.0, op1=nl_.add, operand1=col, reverse1=True)
+            nisa_.activation(dst=acc, op=nl_.tanh, data=acc, scale=col, bias=col)
+            nisa_.activation(dst=acc[:, 0:63], op=nl_.copy, data=acc[:, 1:64], scale=2.0)
         o = nl_.ndarray((128, 64), dtype=nl_.float32, buffer=nl_.shared_hbm)
         nisa_.dma_copy(dst=o, src=acc)
         return o
@@ -804,6 +807,8 @@ def _numpy_in_place(x, y):
         acc = np.maximum(col - acc, np.float32(0.25))
         acc[:, 1:33] = acc[:, 0:32] > x[:, 0:32]
         acc[:, 33:64] = col + acc[:, 32:63] / np.float32(3)
+        acc = np.tanh(acc * col + col)
+        acc[:, 0:63] = acc[:, 1:64] * np.float32(2)
     return acc
 
 
@@ -824,7 +829,7 @@ def test_results_computed_in_place_equal_the_result_tile_path(monkeypatch, check
                                      (ops_mod, "DIRECT_RESULTS"), (tensor_mod, "begin_direct"))
     assert err is None
     # every op of the loop but the first of each shape and op, and the first tensor_scalar
-    assert direct >= 9
+    assert direct >= 13
     np.testing.assert_array_equal(out, _numpy_in_place(X64, Y64))
 
 
