@@ -2252,7 +2252,7 @@ def begin_direct(run, dst: Tensor, shape, dtype, buffer, api):
     records it. (Issue 12: the result's fresh array and its copy into ``dst`` cost ~25 of a
     ``t[...] = nisa.tensor_tensor(...)``'s ~70 us on a 128x512 fp32 tile.)"""
     if run.spmd is not None or dst._idx is not None or dst.root.adopted or \
-            dst.dtype is not dtypes.F32 or dst.shape != shape or \
+            dst.dtype is not dtypes.F32 or dst.shape != shape or dst._arr.shape != shape or \
             (dtype is not dtypes.F32 and dtypes.normalize(dtype) is not dtypes.F32):
         return None
     spec = direct_spec(run, dst, shape, dtypes.F32, buffer)
