@@ -316,6 +316,8 @@ def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, 
         # same ufuncs on the same fp32 values as below)
         out = direct_out(run, shape, dtype or x.dtype, eng, api)
         if out is not None:
+            if n1 is not None and type(o1) is np.ndarray and np.may_share_memory(o1, out):
+                o1 = o1.copy()      # (a column of the destination: its value before op0)
             apply_binary_into(n0, *((o0, v) if reverse0 else (v, o0)), out)
             if n1 is not None:
                 apply_binary_into(n1, *((o1, out) if reverse1 else (out, o1)), out)
@@ -595,6 +597,8 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
         # fp32 ufuncs in the same order as below)
         out = direct_out(run, shape, dtype or x.dtype, SCALAR, api)
         if out is not None:
+            if type(bv) is np.ndarray and np.may_share_memory(bv, out):
+                bv = bv.copy()      # (a column of the destination: its value before the scale)
             np.multiply(v, sv, out=out)
             if bv is not None:
                 np.add(out, bv, out=out)

@@ -872,3 +872,56 @@ def test_beta1_language_ops_computed_in_place_equal_the_result_tile_path(monkeyp
         want[:, 1:33] = np.maximum(want[:, 0:32], np.float32(0.5))
         want[:, 33:64] = want[:, 32:63] / X64[:, 0:31]
     np.testing.assert_array_equal(out, want)
+
+
+def _random_program(seed):
+    """A random sequence of in-place-capable ops (tensor_tensor, tensor_scalar, activation)
+    over three fp32 tiles, each writing a random column window of one tile from windows of
+    the same width (overlapping it or not), with (P, 1) operands that may be columns of the
+    destination."""
+    r = np.random.default_rng(seed)
+    steps = []
+    for _ in range(12):
+        width = (64, 32, 7)[int(r.integers(0, 3))]     # (a result shape seen before: in place)
+        cols = [int(r.integers(0, 65 - width)) for _ in range(3)]
+        tiles = [int(r.integers(0, 3)) for _ in range(3)]
+        kind = ("tt", "ts", "act")[int(r.integers(0, 3))]
+        op = ("add", "subtract", "multiply", "maximum", "minimum")[int(r.integers(0, 5))]
+        steps.append((kind, op, width, cols, tiles, float(r.integers(-3, 4)) / 2,
+                      bool(r.integers(0, 2)), ("tanh", "copy", "abs")[int(r.integers(0, 3))]))
+    nl_, nisa_ = nki_face.language, nki_face.isa
+
+    @nki_face.jit
+    def k(x, y):
+        t = [nl_.ndarray((128, 64), dtype=nl_.float32, buffer=nl_.sbuf) for _ in range(3)]
+        nisa_.dma_copy(dst=t[0], src=x)
+        nisa_.dma_copy(dst=t[1], src=y)
+        nisa_.tensor_tensor(dst=t[2], data1=t[0], data2=t[1], op=nl_.subtract)
+        for kind, op, width, cols, tiles, c, rev, func in steps:
+            dst = t[tiles[0]][:, cols[0]:cols[0] + width]
+            a = t[tiles[1]][:, cols[1]:cols[1] + width]
+            b = t[tiles[2]][:, cols[2]:cols[2] + width]
+            if kind == "tt":
+                nisa_.tensor_tensor(dst=dst, data1=a, data2=b, op=getattr(nl_, op))
+            elif kind == "ts":
+                nisa_.tensor_scalar(dst=dst, data=a, op0=getattr(nl_, op), operand0=c,
+                                    reverse0=rev, op1=nl_.subtract,
+                                    operand1=t[tiles[2]][:, 0:1], reverse1=not rev)
+            else:
+                nisa_.activation(dst=dst, op=getattr(nl_, func), data=a,
+                                 scale=t[tiles[1]][:, 3:4] if rev else c,
+                                 bias=t[tiles[2]][:, 5:6])
+        o = nl_.ndarray((3, 128, 64), dtype=nl_.float32, buffer=nl_.shared_hbm)
+        for i in range(3):
+            nisa_.dma_copy(dst=o[i], src=t[i])
+        return o
+    return k
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_random_programs_in_place_equal_the_result_tile_path(monkeypatch, seed):
+    out, err, _, direct = _both_ways(lambda: _random_program(seed)(X64, Y64), monkeypatch,
+                                     "all", (ops_mod, "DIRECT_RESULTS"),
+                                     (tensor_mod, "begin_direct"))
+    assert err is None and direct >= 1
+    assert np.isfinite(out).all()
