@@ -327,10 +327,11 @@ def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, 
             out = apply_binary(n1, o1, out) if reverse1 else apply_binary(n1, out, o1)
     detail = _detail(x)
     detail.update(alu=n0, alu1=n1)
-    if _owned(out, v) and out.shape == shape:
-        # the ufunc's fresh result becomes the tile's storage (no copy, issue 12)
+    if run.direct is not None or (_owned(out, v) and out.shape == shape):
+        # computed in place (the destination's storage, which write_into recognizes), or the
+        # ufunc's fresh result becomes the tile's storage (no copy, issue 12)
         return result_tile(run, shape, dtype or x.dtype, out, api, eng, tiles, detail,
-                           mask=_mask(mask, shape), fresh=True)
+                           mask=_mask(mask, shape), fresh=run.direct is None)
     return result_tile(run, shape, dtype or x.dtype, np.broadcast_to(out, shape), api, eng,
                        tiles, detail, mask=_mask(mask, shape))
 

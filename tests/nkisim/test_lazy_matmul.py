@@ -925,3 +925,37 @@ def test_random_programs_in_place_equal_the_result_tile_path(monkeypatch, seed):
                                      (tensor_mod, "begin_direct"))
     assert err is None and direct >= 1
     assert np.isfinite(out).all()
+
+
+@pytest.mark.parametrize("program", ["current", "beta1", "random0", "random1", "random2"])
+def test_a_write_computed_in_place_is_checked_once(monkeypatch, program):
+    """Computed in place or copied there (``tensor.begin_direct`` off), each write of a
+    destination runs its checks once (``tensor._write_begin``): the in-place path reaches
+    ``write_into``'s in-place branch every time it begins, and never checks again."""
+    calls = {
+        "current": lambda: _in_place_kernel()(X64, Y64),
+        "beta1": lambda: simulate_kernel(nki.jit(_beta1_in_place_kernel), X64, Y64),
+    }
+    call = calls.get(program) or (lambda: _random_program(int(program[-1]))(X64, Y64))
+    counts, began = [], []
+    for in_place in (True, False):
+        n, hits = [0], [0]
+        real_begin, real_direct = tensor_mod._write_begin, tensor_mod.begin_direct
+
+        def spy(*a, real=real_begin, n=n, **k):
+            n[0] += 1
+            return real(*a, **k)
+
+        def direct(*a, real=real_direct, hits=hits, **k):
+            found = real(*a, **k)
+            hits[0] += found is not None
+            return found
+        with monkeypatch.context() as m:
+            m.setattr(tensor_mod, "_write_begin", spy)
+            m.setattr(tensor_mod, "begin_direct", direct if in_place else
+                      (lambda *a, **k: None))
+            call()
+        counts.append(n[0])
+        began.append(hits[0])
+    assert began[0] >= 1
+    assert counts[0] == counts[1]
