@@ -1834,7 +1834,7 @@ def _write_begin(t: Tensor, vals, api, accumulate, mask, run, add):
     written), the view's mask, and the poison of the elements the write leaves unwritten.
     Returns what ``_write_end`` needs. ``vals``: the values (None for none; ``write``'s
     checks may compare them with the stored ones), or ``DIRECT`` (computed into the view
-    after this, ``direct_array``)."""
+    after this, ``begin_direct``)."""
     root = t.root
     if root.param and not root.mutable and "inputs" in run.checks:
         raise nki_error("err_cannot_update_immutable_parameter", name=root.name)
@@ -2191,7 +2191,7 @@ def _unallocated_result(run, kind, site) -> None:
 
 class _DirectValues:
     """``_write_begin``'s ``vals`` for a write whose values are computed into the view after
-    its checks (``direct_array``)."""
+    its checks (``begin_direct``)."""
 
     __slots__ = ()
 
