@@ -404,6 +404,19 @@ def _same_direct(kernel, args, monkeypatch, checks="all"):
                       (ops_mod, "DIRECT_RESULTS"), (tensor_mod, "write_into"))
 
 
+def _face_operands(x, y):
+    """Inside a current-face kernel: x and y (128, 64) fp32 loaded into SBUF, and y's first
+    column as a (128, 1) tile."""
+    nl, nisa = nki_face.language, nki_face.isa
+    xs = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=xs, src=x)
+    ys = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.dma_copy(dst=ys, src=y)
+    col = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
+    nisa.tensor_copy(dst=col, src=ys[:, 0:1])
+    return xs, ys, col
+
+
 def _isa_kernel(dtype, reduce=False):
     """Every op `_direct` serves, into whole tiles and views of a wider tile of ``dtype``, in
     an affine loop (a result shape's first instruction allocates it: the literal path), then
@@ -412,12 +425,7 @@ def _isa_kernel(dtype, reduce=False):
 
     @nki_face.jit
     def k(x, y):
-        xs = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=xs, src=x)
-        ys = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.dma_copy(dst=ys, src=y)
-        col = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=col, src=ys[:, 0:1])
+        xs, ys, col = _face_operands(x, y)
         wide = nl.ndarray((128, 8, 64), dtype=dtype, buffer=nl.sbuf)
         red = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.sbuf)
         for _ in nl.affine_range(2):
@@ -772,12 +780,7 @@ def _in_place_kernel():
 
     @nki_face.jit
     def k(x, y):
-        xs = nl_.ndarray((128, 64), dtype=nl_.float32, buffer=nl_.sbuf)
-        nisa_.dma_copy(dst=xs, src=x)
-        ys = nl_.ndarray((128, 64), dtype=nl_.float32, buffer=nl_.sbuf)
-        nisa_.dma_copy(dst=ys, src=y)
-        col = nl_.ndarray((128, 1), dtype=nl_.float32, buffer=nl_.sbuf)
-        nisa_.tensor_copy(dst=col, src=ys[:, 0:1])
+        xs, ys, col = _face_operands(x, y)
         acc = nl_.ndarray((128, 64), dtype=nl_.float32, buffer=nl_.sbuf)
         nisa_.tensor_tensor(dst=acc, data1=xs, data2=ys, op=nl_.add)    # (allocates: literal)
         nisa_.tensor_scalar(dst=acc, data=acc, op0=nl_.add, operand0=1.0)
