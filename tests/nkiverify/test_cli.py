@@ -192,7 +192,7 @@ def test_latency_caveat_names_what_stands_before_the_grade():
                rec("conv2d-perf-224", "float16", False), rec("conv2d-c384", "float32", False)]
     assert cli._latency_caveat("conv2d", perf, "float32", records, "trn2") == ""
     assert cli._latency_caveat("conv2d", perf, "float16", records, "trn2") == \
-        " (but its output on this configuration is wrong)"
+        " (but its output on this configuration fails our check)"
     # a configuration that was not run, while the kernel fails elsewhere
     small = dict(cases["conv2d-perf-32x16"].params)
     assert "was not checked, and 2 of its conv2d runs fail" in \
@@ -252,6 +252,26 @@ def test_console_script_entry_point():
 def test_an_exact_case_id_selects_only_that_case():
     assert [c.id for c, _ in cli._select("conv2d-large", False, None)] == ["conv2d-large"]
     assert len({c.id for c, _ in cli._select("large", False, None)}) >= 4
+
+
+def test_a_course_failures_rerun_line_selects_that_run():
+    """``course`` runs every case in every dtype; its rerun line for conv2d-large-bias in
+    float16 (a float32-only case, as the course's harness runs it) must select that run:
+    `nki-verify run --cases conv2d-large-bias --dtypes float16` once said "no case matches"."""
+    case = next(c for c in CASES if c.id == "conv2d-large-bias")
+    assert case.dtypes == ("float32",)
+    picked = cli._select("conv2d-large-bias", False, ["float16"])
+    assert [(c.id, d) for c, d in picked] == [("conv2d-large-bias", "float16")]
+    # a kernel name or a glob keeps each case's own dtypes
+    assert all(d in c.dtypes for c, d in cli._select("conv2d", False, ["float16"]))
+    assert all(d in c.dtypes for c, d in cli._select("conv2d-large*", False, ["float16"]))
+    assert "conv2d-large-bias" not in {c.id for c, _ in cli._select("conv2d", False,
+                                                                     ["float16"])}
+    # the course's own configurations: its cases in their own dtypes, nothing else
+    assert cli.course_own("conv2d-large-bias", "float32")
+    assert not cli.course_own("conv2d-large-bias", "float16")
+    assert cli.course_own("conv2d-perf-224", "float16")
+    assert not cli.course_own("conv2d-small-bias-pool2", "float32")     # an extra case
 
 
 def test_timings_print_each_run_with_its_worker_in_start_order():
