@@ -8,6 +8,7 @@ sees and a bf16 check hides under one ulp per element.
 """
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -77,6 +78,9 @@ def test_course_reports_the_missing_bias(checkouts):
     # configuration in fp16 and bf16, which the course's harness never runs, and the small
     # conv with a bias in every dtype) pass only where there is no bias
     assert "course configurations 1/1, extra cases 2/5" in out
+    # and the table says which runs are the course's own
+    assert re.search(r"conv2d-small-c128-c128 +float32 +course +PASS", out)
+    assert re.search(r"conv2d-small-c128-c128 +float16 +extra +PASS", out)
     assert "fix first:" in out
     assert "systematic error" in out and "missing bias" in out
     # the timed configurations were not run here: their estimates say so, as the kernel fails
