@@ -373,3 +373,32 @@ def test_mgrid_indexed_block_tile_round_trip():
         return out
 
     np.testing.assert_array_equal(nki.simulate_kernel(kernel, a), 2 * a)
+
+
+def test_a_derived_expressions_form_is_the_one_its_values_have():
+    """IndexExpr.form() is computed once per expression and carried through `+ - *` with an int
+    and negation (issue 12: a course conv2d re-analysed its 128x444 mgrid grids on every
+    index). The carried form must be what a pass over the values finds, the bounds their min
+    and max, and a key of such expressions must select what NumPy's advanced indexing selects."""
+    from nkisim.indexing import _affine_form, normalize_key
+    rng = np.random.default_rng(5)
+    ops = [lambda e, c: e + c, lambda e, c: c + e, lambda e, c: e - c, lambda e, c: c - e,
+           lambda e, c: e * c, lambda e, c: c * e, lambda e, c: -e]
+    a = np.arange(512 * 512).reshape(512, 512)    # (every key below is in bounds)
+    views = 0
+    for _ in range(400):
+        g = nl.mgrid[0:5, 0:7]
+        key = []
+        for axis in (0, 1):
+            e = g[axis] if rng.random() < 0.8 else g[1 - axis]
+            e.form()
+            for _ in range(rng.integers(0, 4)):
+                e = ops[rng.integers(len(ops))](e, int(rng.integers(-3, 4)))
+            assert e._form is not None                  # carried, not computed again
+            assert e.form() == _affine_form(e.v)
+            assert e.bounds() == (int(e.v.min()), int(e.v.max()))
+            key.append(e + 250)
+        kind, norm = normalize_key(tuple(key), a.shape, "a")
+        views += kind == "basic"
+        np.testing.assert_array_equal(a[norm], a[tuple(k.v for k in key)])
+    assert views > 40           # (the random keys include rectangles, not only gathers)
