@@ -922,11 +922,7 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
         site = context.caller_location()    # the kernel's line (for result_tile)
     else:
         site = (code.co_filename, caller.f_lineno)      # (what caller_location finds)
-    a = read(st, api, run)
-    if a.dtype is not F32:
-        a = dtypes.to_f32(a)
-    if a.ndim != 2:
-        a = a.reshape(K, M)
+    a = _stationary(run, st, read(st, api, run), K, M)
     bv = read(mv, api, run)
     if bv.ndim == 1:
         bv = bv.reshape(bv.shape[0], 1)
@@ -953,6 +949,53 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     out = gemm.product(a, bv, shape)
     return result_tile(run, out.shape, F32, out, "nc_matmul", TENSOR, (st, mv), detail, nl.psum,
                        None if mask is None else _mask(mask, out.shape), None, True, site)
+
+
+_STATIONARIES_MAX = 256         # prepared stationaries kept per run (64 KiB each at most)
+# False: every nc_matmul prepares its stationary anew (tests compare both ways)
+KEEP_STATIONARIES = True
+
+
+def _stationary(run, st, a, K, M) -> np.ndarray:
+    """The stationary's values ``a`` (read, and checked, by the caller) as the (K, M) fp32
+    operand of the GEMM: a C-contiguous copy, kept until the tile is written again.
+
+    Kernels multiply by the same weights many times (a conv2d: each tap's 128x128 weights once
+    per output row group), and a weight view is rarely a compact matrix: ``w[:, :, co, ci, i,
+    j]`` of a (128, 128, 2, 2, 3, 3) tile has no unit stride, so NumPy gathers it for BLAS on
+    every matmul, and BLAS packs a strided one from scattered rows. Measured on the 2-core
+    machine (tmp script): that 128x128 by 128x222 GEMM took 177 us from the strided view, 99
+    from a compact copy. A trn2 course solution's conv2d B=1 224x224 (7992 such matmuls),
+    min of 3 alternating runs with the copies kept and not: fp32 2.02 s against 2.55, fp16
+    3.10 against 3.64 (issue 12).
+
+    The copy is kept per view (its address, shape, strides, dtype) with the tile's identity
+    and write count (``root.id``, ``root.version``: every write to the tile, through any
+    view, checked or not, counts in ``tensor._write_begin``), so any write retires it. Not
+    for the direct allocations (``address=``: views of one SBUF array that other tiles
+    alias), nor a tile whose unwritten elements have not been poisoned yet (the poison lands
+    later, with no write). The values are the same bits either way: one copy, the same GEMM
+    (tests/nkisim/test_stationary_cache.py)."""
+    root = st.root
+    if (a.ndim == 2 and a.itemsize in a.strides) or root.direct or \
+            root.unpoisoned is not None or root.buffer != "sbuf" or not KEEP_STATIONARIES:
+        # A matrix with a unit stride is what BLAS takes as it is (fp32), or a cheap
+        # conversion (fp16/bf16) whose fresh result is hot in the cache for the GEMM: kept
+        # copies measured slower there (our conv2d B=1, min of 3-5 alternating runs: fp32
+        # 1.24 s against 1.18, fp16 2.23 against 2.04).
+        if a.dtype is not F32:
+            a = dtypes.to_f32(a)
+        return a if a.ndim == 2 else a.reshape(K, M)
+    cache = run.stationaries
+    key = (a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
+    hit = cache.get(key)
+    if hit is not None and hit[0] == root.id and hit[1] == root.version:
+        return hit[2]
+    v = np.array(dtypes.to_f32(a) if a.dtype is not F32 else a, order="C").reshape(K, M)
+    if len(cache) >= _STATIONARIES_MAX:
+        cache.clear()
+    cache[key] = (root.id, root.version, v)
+    return v
 
 
 def _result(run, out, st, mv, detail, site) -> Tensor:

@@ -115,7 +115,7 @@ class Allocation:
 
     __slots__ = ("id", "buffer", "name", "key", "row_bytes", "p_base", "shadow", "param",
                  "mutable", "live", "pbytes", "banks", "loop", "file", "line", "direct",
-                 "dtype", "shape", "epoch", "hi", "gen", "full", "uniform", "taint",
+                 "dtype", "shape", "epoch", "hi", "gen", "version", "full", "uniform", "taint",
                  "adopted", "store", "buf", "base_off", "unpoisoned", "nparts", "rd", "pend",
                  "span", "born", "boxes", "garbage", "__weakref__")
 
@@ -145,6 +145,7 @@ class Allocation:
         self.epoch = epoch            # epoch it was created in (nkisim.checks)
         self.hi = epoch               # upper bound of the epochs in its shadow (nkisim.checks)
         self.gen = 0                  # number of writes (nkisim.checks)
+        self.version = 0              # number of writes, checked or not (_write_begin, _add_into)
         self.full = -1                # True once fully written, else `gen` of the last check
         self.uniform = None           # the epoch of every shadow element, when known
         self.taint = None             # the uninitialized read its never-written values came from
@@ -1838,6 +1839,7 @@ def _write_begin(t: Tensor, vals, api, accumulate, mask, run, add):
     root = t.root
     if root.param and not root.mutable and "inputs" in run.checks:
         raise nki_error("err_cannot_update_immutable_parameter", name=root.name)
+    root.version += 1       # (retires the copies nc_matmul keeps: engines._stationary)
     if t._slots is not None:
         raise nki_error("err_failed_to_infer_tile_from_local_tensor", name=t.name)
     if t._oob is not None:
@@ -2420,6 +2422,7 @@ def _add_into(run, t, inc) -> None:
             # (one call layer less on the commonest instruction, issue 12)
             if ws is not None:
                 checks.check_write(run, t, "nc_matmul", True)
+            root.version += 1
             np.add(t._arr, inc, out=t._arr)
             if run.taint is not None:
                 _apply_taint(run, t, "nc_matmul", None)

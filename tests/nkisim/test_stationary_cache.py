@@ -1,0 +1,211 @@
+"""nc_matmul keeps a compact fp32 copy of a stationary that has no unit stride until its tile is
+written again (nkisim.engines._stationary, issue 12). A kept copy that outlived a write would
+multiply by old weights, silently: these kernels cache a strided weight view, then change its
+elements through every kind of write (a load into part of it, a DMA, an in-place op on the
+whole tile, an op into the view itself, an overlapping view, a memset, an activation), and
+multiply again after each. The outputs must be NumPy's products of the weights as they stand,
+and the same bits with the copies turned off (``engines.KEEP_STATIONARIES``).
+"""
+
+import numpy as np
+import pytest
+
+from nkisim import engines, runtime
+from nkisim import nki as nki_face
+from nkisim.beta1 import isa as nisa
+from nkisim.beta1 import language as nl
+from nkisim.beta1 import simulate_kernel
+
+RNG = np.random.default_rng(7)
+STEPS = 8
+
+
+def _inputs(dtype=np.float32):
+    w = RNG.random((128, 128, 2), dtype=np.float32).astype(dtype)
+    v = RNG.random((128, 128), dtype=np.float32).astype(dtype)
+    x = RNG.random((128, 64), dtype=np.float32).astype(dtype)
+    return w, v, x
+
+
+def _expected(w_in, v_in, x_in):
+    """The weights after each step, as the kernels change them, and their products (fp32)."""
+    f = np.float32
+    w, v, x = w_in.astype(f), v_in.astype(f), x_in.astype(f)
+    dt = w_in.dtype
+
+    def rounded(a):             # a result written into the kernel's tile of dtype dt
+        return a.astype(f).astype(dt).astype(f)
+    outs = [w[:, :, 1].T @ x]
+    w[:, 0:64, 1] = v[:, 0:64]                                  # 1: a load into part of it
+    outs.append(w[:, :, 1].T @ x)
+    w[:, 64:128, 1] = v[:, 64:128]                              # 2: a DMA into the other part
+    outs.append(w[:, :, 1].T @ x)
+    w[...] = rounded(w * f(2))                                  # 3: in place, the whole tile
+    outs.append(w[:, :, 1].T @ x)
+    w[:, :, 1] = rounded(w[:, :, 1] + f(1))                     # 4: into the view itself
+    outs.append(w[:, :, 1].T @ x)
+    w[:, 5, :] = v[:, 0:2]                                      # 5: an overlapping view
+    outs.append(w[:, :, 1].T @ x)
+    w[:, 7, 1] = 3                                              # 6: a memset of one column
+    outs.append(w[:, :, 1].T @ x)
+    w[:, :, 1] = rounded(np.exp(v))                             # 7: an activation
+    outs.append(w[:, :, 1].T @ x)
+    return np.stack(outs)
+
+
+def _beta1_kernel():
+    def matmul(w, x, out, i):
+        # twice, with no write in between: the second finds the kept copy
+        r = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        for _ in nl.sequential_range(2):
+            ps = nl.zeros((128, 64), dtype=nl.float32, buffer=nl.psum)
+            ps += nisa.nc_matmul(w[:, :, 1], x)
+            r[...] = nisa.tensor_copy(ps)
+        nisa.dma_copy(src=r, dst=out[i])
+
+    def kernel(w_in, v_in, x_in):
+        out = nl.ndarray((STEPS, 128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        dt = w_in.dtype
+        w = nl.ndarray((128, 128, 2), dtype=dt, buffer=nl.sbuf)
+        nisa.dma_copy(src=w_in, dst=w)
+        x = nl.ndarray((128, 64), dtype=dt, buffer=nl.sbuf)
+        nisa.dma_copy(src=x_in, dst=x)
+        v = nl.ndarray((128, 128), dtype=dt, buffer=nl.sbuf)
+        nisa.dma_copy(src=v_in, dst=v)
+        matmul(w, x, out, 0)
+        w[:, 0:64, 1] = nl.load(v_in[:, 0:64])
+        matmul(w, x, out, 1)
+        nisa.dma_copy(src=v_in[:, 64:128], dst=w[:, 64:128, 1])
+        matmul(w, x, out, 2)
+        w[...] = nl.multiply(w, 2.0)
+        matmul(w, x, out, 3)
+        w[:, :, 1] = nisa.tensor_scalar(w[:, :, 1], np.add, 1.0)
+        matmul(w, x, out, 4)
+        w[:, 5, :] = nisa.tensor_copy(v[:, 0:2])
+        matmul(w, x, out, 5)
+        w[:, 7:8, 1] = nisa.memset((128, 1), 3.0, dt)
+        matmul(w, x, out, 6)
+        w[:, :, 1] = nisa.activation(op=nl.exp, data=v)
+        matmul(w, x, out, 7)
+        return out
+    return kernel
+
+
+def _current_kernel():
+    nlc, nisac = nki_face.language, nki_face.isa
+
+    def matmul(w, x, out, i):
+        ps = nlc.ndarray((128, 64), dtype=nlc.float32, buffer=nlc.psum)
+        for _ in nlc.sequential_range(2):
+            nisac.nc_matmul(dst=ps, stationary=w[:, :, 1], moving=x, accumulate=False)
+        r = nlc.ndarray((128, 64), dtype=nlc.float32, buffer=nlc.sbuf)
+        nisac.tensor_copy(dst=r, src=ps)
+        nisac.dma_copy(dst=out[i], src=r)
+
+    @nki_face.jit
+    def kernel(w_in, v_in, x_in):
+        out = nlc.ndarray((STEPS, 128, 64), dtype=nlc.float32, buffer=nlc.shared_hbm)
+        dt = w_in.dtype
+        w = nlc.ndarray((128, 128, 2), dtype=dt, buffer=nlc.sbuf)
+        nisac.dma_copy(dst=w, src=w_in)
+        x = nlc.ndarray((128, 64), dtype=dt, buffer=nlc.sbuf)
+        nisac.dma_copy(dst=x, src=x_in)
+        v = nlc.ndarray((128, 128), dtype=dt, buffer=nlc.sbuf)
+        nisac.dma_copy(dst=v, src=v_in)
+        matmul(w, x, out, 0)
+        nisac.tensor_copy(dst=w[:, 0:64, 1], src=v[:, 0:64])
+        matmul(w, x, out, 1)
+        nisac.dma_copy(dst=w[:, 64:128, 1], src=v_in[:, 64:128])
+        matmul(w, x, out, 2)
+        nisac.tensor_scalar(dst=w, data=w, op0=nlc.multiply, operand0=2.0)
+        matmul(w, x, out, 3)
+        nisac.tensor_scalar(dst=w[:, :, 1], data=w[:, :, 1], op0=nlc.add, operand0=1.0)
+        matmul(w, x, out, 4)
+        nisac.tensor_copy(dst=w[:, 5, :], src=v[:, 0:2])
+        matmul(w, x, out, 5)
+        nisac.memset(dst=w[:, 7:8, 1], value=3.0)
+        matmul(w, x, out, 6)
+        nisac.activation(dst=w[:, :, 1], op=nlc.exp, data=v)
+        matmul(w, x, out, 7)
+        return out
+    return kernel
+
+
+def _run(face, args, keep, monkeypatch):
+    monkeypatch.setattr(engines, "KEEP_STATIONARIES", keep)
+    if face == "beta1":
+        out = simulate_kernel(_beta1_kernel(), *args)
+    else:
+        out = _current_kernel()(*args)
+    return np.asarray(out), runtime.last_run()
+
+
+@pytest.mark.parametrize("checks", ["all", "none"])
+@pytest.mark.parametrize("face", ["beta1", "nki"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_every_write_retires_the_kept_copy(face, dtype, checks, monkeypatch):
+    """(with the checks off as well: the write count is kept by every write, not the checks)"""
+    monkeypatch.setenv("NKISIM_CHECKS", checks)
+    args = _inputs(dtype)
+    out, run = _run(face, args, True, monkeypatch)
+    # the path was taken: the strided view's copy was kept (once per change of the weights)
+    assert run.stationaries
+    want = _expected(*args)
+    np.testing.assert_allclose(out, want, rtol=2e-6 if dtype == np.float32 else 1e-5)
+    off, _ = _run(face, args, False, monkeypatch)
+    np.testing.assert_array_equal(out, off)
+
+
+def test_a_stationary_with_a_unit_stride_is_not_copied(monkeypatch):
+    """What BLAS takes as it is (a row of a wider tile: w[:, 1, :] of a (128, 2, 128) tile)
+    goes straight to the GEMM; the copies are for views with no unit stride."""
+    def kernel(w_in, x_in):
+        out = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        w = nl.ndarray((128, 2, 128), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(src=w_in, dst=w)
+        x = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(src=x_in, dst=x)
+        ps = nl.zeros((128, 64), dtype=nl.float32, buffer=nl.psum)
+        ps += nisa.nc_matmul(w[:, 1, :], x)
+        r = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        r[...] = nisa.tensor_copy(ps)
+        nisa.dma_copy(src=r, dst=out)
+        return out
+    w = RNG.random((128, 2, 128), dtype=np.float32)
+    x = RNG.random((128, 64), dtype=np.float32)
+    out = simulate_kernel(kernel, w, x)
+    assert not runtime.last_run().stationaries
+    np.testing.assert_allclose(out, w[:, 1, :].T @ x, rtol=2e-6)
+
+
+@pytest.mark.parametrize("checks", ["all", "none"])
+def test_a_write_through_a_view_of_another_dtype_retires_it(checks, monkeypatch):
+    """`w.view(bf16)` (a view with its own element size, which the checks only follow
+    coarsely) writes the same bytes: the fp32 weights kept before it must not survive it."""
+    monkeypatch.setenv("NKISIM_CHECKS", checks)
+    nlc, nisac = nki_face.language, nki_face.isa
+
+    @nki_face.jit
+    def kernel(w_in, x_in):
+        out = nlc.ndarray((2, 128, 64), dtype=nlc.float32, buffer=nlc.shared_hbm)
+        w = nlc.ndarray((128, 128, 2), dtype=nlc.float32, buffer=nlc.sbuf)
+        nisac.dma_copy(dst=w, src=w_in)
+        x = nlc.ndarray((128, 64), dtype=nlc.float32, buffer=nlc.sbuf)
+        nisac.dma_copy(dst=x, src=x_in)
+        ps = nlc.ndarray((128, 64), dtype=nlc.float32, buffer=nlc.psum)
+        r = nlc.ndarray((128, 64), dtype=nlc.float32, buffer=nlc.sbuf)
+        for i in nlc.sequential_range(2):
+            nisac.nc_matmul(dst=ps, stationary=w[:, :, 1], moving=x, accumulate=False)
+            nisac.tensor_copy(dst=r, src=ps)
+            nisac.dma_copy(dst=out[i], src=r)
+            # the high halves of w[:, :, 1] (bf16 elements 3 of each 4): 2.0 as bf16
+            nisac.memset(dst=w.view(nlc.bfloat16)[:, :, 3:4], value=2.0)
+        return out
+    w = RNG.random((128, 128, 2), dtype=np.float32)
+    x = RNG.random((128, 64), dtype=np.float32)
+    out = np.asarray(kernel(w, x))
+    assert runtime.last_run().stationaries
+    np.testing.assert_allclose(out[0], w[:, :, 1].T @ x, rtol=2e-6)
+    w2 = w.copy()
+    w2.view(np.uint16)[:, :, 3] = 0x4000           # bf16 2.0 in the high half (little endian)
+    np.testing.assert_allclose(out[1], w2[:, :, 1].T @ x, rtol=2e-6)
