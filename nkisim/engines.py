@@ -974,8 +974,9 @@ def _stationary(run, st, a, K, M) -> np.ndarray:
     view, checked or not, counts in ``tensor._write_begin``), so any write retires it. Not
     for the direct allocations (``address=``: views of one SBUF array that other tiles
     alias), nor a tile whose unwritten elements have not been poisoned yet (the poison lands
-    later, with no write). The values are the same bits either way: one copy, the same GEMM
-    (tests/nkisim/test_stationary_cache.py)."""
+    later, with no write). The values are the same bits either way: the GEMM always gets a
+    compact copy of a view with no unit stride (tests/nkisim/test_stationary_cache.py, on
+    NumPy 1.26 and 2.x)."""
     root = st.root
     if (a.ndim == 2 and a.itemsize in a.strides) or root.direct or \
             root.unpoisoned is not None or root.buffer != "sbuf" or not KEEP_STATIONARIES:
@@ -985,7 +986,14 @@ def _stationary(run, st, a, K, M) -> np.ndarray:
         # 1.24 s against 1.18, fp16 2.23 against 2.04).
         if a.dtype is not F32:
             a = dtypes.to_f32(a)
-        return a if a.ndim == 2 else a.reshape(K, M)
+        if a.ndim != 2:
+            a = a.reshape(K, M)
+        if 4 not in a.strides:
+            # no unit stride (not kept: a direct allocation, ...): compact, as a kept copy is.
+            # NumPy 1.26 multiplies such a view with its own loop, not BLAS, in another
+            # summation order: the bits would depend on whether the copy was kept.
+            a = np.ascontiguousarray(a)
+        return a
     cache = run.stationaries
     key = (a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
     hit = cache.get(key)
