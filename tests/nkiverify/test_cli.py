@@ -254,6 +254,25 @@ def test_an_exact_case_id_selects_only_that_case():
     assert len({c.id for c, _ in cli._select("large", False, None)}) >= 4
 
 
+def test_course_runs_the_large_images_in_their_own_dtypes_and_every_dtype_meets_one():
+    """``course`` runs each case in every dtype, but the slow ones (224x224, 4096x4096) in
+    their own: the B=4 images in fp16 and bf16 took two thirds of a course run. Every dtype
+    still meets the 224x224 image (at B=1)."""
+    picked = cli._select(None, False, None, every_dtype=True)
+    for case, dt in picked:
+        assert dt in case.dtypes or not case.slow, (case.id, dt)
+    # the others in every dtype (once per distinct configuration)
+    runs: dict = {}
+    for case, dt in picked:
+        if not case.slow:
+            runs.setdefault((case.kernel, repr(sorted(case.params.items())), case.dist),
+                            set()).add(dt)
+    assert runs and all(dts == set(cli.ALL_DTYPES) for dts in runs.values())
+    for dt in cli.ALL_DTYPES:
+        assert any(c.kernel == "conv2d" and c.params["height"] == 224 and d == dt
+                   for c, d in picked), dt
+
+
 def test_a_course_failures_rerun_line_selects_that_run():
     """``course`` runs every case in every dtype; its rerun line for conv2d-large-bias in
     float16 (a float32-only case, as the course's harness runs it) must select that run:
