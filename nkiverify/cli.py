@@ -149,12 +149,12 @@ def _select(pattern: str | None, quick: bool, dtypes: list[str] | None, *,
     every dtype (once per distinct configuration), not only its own, except the slow ones (the
     224x224 images, the 4096x4096 transpose), which keep their own: every dtype meets the
     224x224 image at B=1 (conv2d-perf-224 in fp32 and fp16, conv2d-perf-224-bf16), and the
-    B=4 images in fp16 and bf16 took two thirds of a course run (nki-verify course on a trn1
-    solution: 21 slow runs, 12 of them in the other dtypes; 246 s of CPU with them, 129 without;
-    issue 12). A case named by its exact
-    id runs in every dtype ``dtypes`` asks for, its own or not: ``course`` runs each case in
-    every dtype, and the rerun line it prints for a failure (``--cases ID --dtypes DT``) must
-    select that run (kernel names, globs and substrings keep each case's own dtypes)."""
+    B=4 images in fp16 and bf16 took half of a course run (nki-verify course on a trn1
+    solution: 21 slow runs, 12 of them in the other dtypes; 246 s of CPU with them, 129
+    without; issue 12). A case named by its exact id runs in every dtype ``dtypes`` asks for,
+    its own or not: ``course`` runs each case in every dtype, and the rerun line it prints for
+    a failure (``--cases ID --dtypes DT``) must select that run (kernel names, globs and
+    substrings keep each case's own dtypes)."""
     patterns = [p.strip() for p in (pattern or "").split(",") if p.strip()]
     out, seen = [], set()
     for case in CASES:
