@@ -228,9 +228,9 @@ class Run:
     into: object = None                               # the dst the next result is written
     #                                                   into (ops.result_tile, nki.isa._direct)
     direct: object = None                             # into's write begun by tensor.begin_direct
-    stationaries: dict = field(default_factory=dict)  # nc_matmul's prepared stationaries
-    #                                                   (nkisim.engines._stationary)
     #                                                   (its result computed in place)
+    stationaries: dict = field(default_factory=dict)  # nc_matmul's kept stationary copies
+    #                                                   (nkisim.engines._stationary)
     strict: bool = False                              # NKISIM_STRICT=1: tolerated rules raise
     taint: object = None                              # uninitialized values read by the current
     #                                                   instruction (nkisim.tensor.read/write)
