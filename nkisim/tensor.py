@@ -1756,14 +1756,21 @@ _UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def _copy(dst: np.ndarray, vals) -> None:
-    """``dst[...] = vals``. Same-dtype values are copied bit for bit through an integer ufunc
-    rather than ``memmove``: glibc's ``rep movsb`` copy is 5-10x slower when source and
-    destination are 4 KiB-aliased, as two fresh 256 KiB NumPy blocks (a 128x512 fp32 tile) are
-    (measured on the 2-core machine: 93 us against 9 us per 128x512 fp32 copy; issue 12)."""
+    """``dst[...] = vals``. Same-dtype contiguous blocks are copied bit for bit through an
+    integer ufunc rather than ``memmove``: glibc's ``rep movsb`` copy is 5-10x slower when
+    source and destination are 4 KiB-aliased, as two fresh 256 KiB NumPy blocks (a 128x512
+    fp32 tile) are (measured on the 2-core machine: 93 us against 9 us per 128x512 fp32 copy;
+    issue 12). A strided source goes through NumPy's own copy, whose strided loops are 1.5-3x
+    faster than the ufunc's (measured on the AVX-512 VM, tmp script, min of 7: a (128, 222)
+    row window 3.6 us against 11.3, a [128, 2, 222] window 8.3 against 22.5, a transposed
+    128x128 weight view with strides (72, 9216) 23 against 35; inside a trn1 solution's
+    conv2d, where those weight views are cold, that copy took 181 us). The trn1 solution's
+    conv2d B=1 224x224, min of 4 alternating runs: 3.16 s against 3.71; the trn2 one 2.08
+    against 2.24; ours 1.71 against 1.69 (benchmarks/solution_speed.py's configuration)."""
     if vals is dst:
         return                    # adopted storage (``allocate(storage=)``): already in place
     if type(vals) is np.ndarray and vals.dtype == dst.dtype and vals.dtype.itemsize in _UINT \
-            and vals.dtype.kind != "O":
+            and vals.dtype.kind != "O" and vals.flags.c_contiguous:
         u = _UINT[vals.dtype.itemsize]
         np.positive(vals.view(u), out=dst.view(u))
     else:
