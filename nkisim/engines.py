@@ -999,7 +999,9 @@ def _stationary(run, st, a, K, M) -> np.ndarray:
     hit = cache.get(key)
     if hit is not None and hit[0] == root.id and hit[1] == root.version:
         return hit[2]
-    v = np.array(dtypes.to_f32(a) if a.dtype is not F32 else a, order="C").reshape(K, M)
+    # (an fp32 view is copied; a conversion is a fresh array already, made compact if needed)
+    v = (np.array(a, order="C") if a.dtype == F32 else
+         np.ascontiguousarray(dtypes.to_f32(a))).reshape(K, M)
     if len(cache) >= _STATIONARIES_MAX:
         cache.clear()
     cache[key] = (root.id, root.version, v)
