@@ -53,6 +53,17 @@ def _expected(w_in, v_in, x_in):
     return np.stack(outs)
 
 
+def _load(lang, isa, *inputs):
+    """Inside a kernel of either face (``lang``/``isa`` its language and ISA modules): each
+    input in an SBUF tile of its own shape and dtype."""
+    tiles = []
+    for a in inputs:
+        t = lang.ndarray(a.shape, dtype=a.dtype, buffer=lang.sbuf)
+        isa.dma_copy(dst=t, src=a)
+        tiles.append(t)
+    return tiles
+
+
 def _beta1_kernel():
     def matmul(w, x, out, i):
         # twice, with no write in between: the second finds the kept copy
@@ -66,12 +77,7 @@ def _beta1_kernel():
     def kernel(w_in, v_in, x_in):
         out = nl.ndarray((STEPS, 128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
         dt = w_in.dtype
-        w = nl.ndarray((128, 128, 2), dtype=dt, buffer=nl.sbuf)
-        nisa.dma_copy(src=w_in, dst=w)
-        x = nl.ndarray((128, 64), dtype=dt, buffer=nl.sbuf)
-        nisa.dma_copy(src=x_in, dst=x)
-        v = nl.ndarray((128, 128), dtype=dt, buffer=nl.sbuf)
-        nisa.dma_copy(src=v_in, dst=v)
+        w, x, v = _load(nl, nisa, w_in, x_in, v_in)
         matmul(w, x, out, 0)
         w[:, 0:64, 1] = nl.load(v_in[:, 0:64])
         matmul(w, x, out, 1)
@@ -105,13 +111,7 @@ def _current_kernel():
     @nki_face.jit
     def kernel(w_in, v_in, x_in):
         out = nlc.ndarray((STEPS, 128, 64), dtype=nlc.float32, buffer=nlc.shared_hbm)
-        dt = w_in.dtype
-        w = nlc.ndarray((128, 128, 2), dtype=dt, buffer=nlc.sbuf)
-        nisac.dma_copy(dst=w, src=w_in)
-        x = nlc.ndarray((128, 64), dtype=dt, buffer=nlc.sbuf)
-        nisac.dma_copy(dst=x, src=x_in)
-        v = nlc.ndarray((128, 128), dtype=dt, buffer=nlc.sbuf)
-        nisac.dma_copy(dst=v, src=v_in)
+        w, x, v = _load(nlc, nisac, w_in, x_in, v_in)
         matmul(w, x, out, 0)
         nisac.tensor_copy(dst=w[:, 0:64, 1], src=v[:, 0:64])
         matmul(w, x, out, 1)
@@ -188,10 +188,7 @@ def test_a_write_through_a_view_of_another_dtype_retires_it(checks, monkeypatch)
     @nki_face.jit
     def kernel(w_in, x_in):
         out = nlc.ndarray((2, 128, 64), dtype=nlc.float32, buffer=nlc.shared_hbm)
-        w = nlc.ndarray((128, 128, 2), dtype=nlc.float32, buffer=nlc.sbuf)
-        nisac.dma_copy(dst=w, src=w_in)
-        x = nlc.ndarray((128, 64), dtype=nlc.float32, buffer=nlc.sbuf)
-        nisac.dma_copy(dst=x, src=x_in)
+        w, x = _load(nlc, nisac, w_in, x_in)
         ps = nlc.ndarray((128, 64), dtype=nlc.float32, buffer=nlc.psum)
         r = nlc.ndarray((128, 64), dtype=nlc.float32, buffer=nlc.sbuf)
         for i in nlc.sequential_range(2):
