@@ -951,8 +951,9 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
                        None if mask is None else _mask(mask, out.shape), None, True, site)
 
 
-_STATIONARIES_MAX = 256         # prepared stationaries kept per run (64 KiB each at most)
-# False: every nc_matmul prepares its stationary anew (tests compare both ways)
+_STATIONARIES_MAX = 256         # kept operand copies per run (64 KiB each at most)
+# False: every nc_matmul prepares its stationary anew, every Tensor Engine transpose transposes
+# anew (tests compare both ways)
 KEEP_STATIONARIES = True
 
 
@@ -969,39 +970,56 @@ def _stationary(run, st, a, K, M) -> np.ndarray:
     min of 3 alternating runs with the copies kept and not: fp32 2.02 s against 2.55, fp16
     3.10 against 3.64 (issue 12).
 
-    The copy is kept per view (its address, shape, strides, dtype) with the tile's identity
-    and write count (``root.id``, ``root.version``: every write to the tile, through any
-    view, checked or not, counts in ``tensor._write_begin``), so any write retires it. Not
-    for the direct allocations (``address=``: views of one SBUF array that other tiles
-    alias), nor a tile whose unwritten elements have not been poisoned yet (the poison lands
-    later, with no write). The values are the same bits either way: the GEMM always gets a
-    compact copy of a view with no unit stride (tests/nkisim/test_stationary_cache.py, on
-    NumPy 1.26 and 2.x)."""
-    root = st.root
-    if (a.ndim == 2 and a.itemsize in a.strides) or root.direct or \
-            root.unpoisoned is not None or root.buffer != "sbuf" or not KEEP_STATIONARIES:
+    The copy is kept per view until any write to the tile (``_kept``). The values are the
+    same bits either way: the GEMM always gets a compact copy of a view with no unit stride
+    (tests/nkisim/test_stationary_cache.py, on NumPy 1.26 and 2.x)."""
+    if (a.ndim == 2 and a.itemsize in a.strides) or not KEEP_STATIONARIES:
         # A matrix with a unit stride is what BLAS takes as it is (fp32), or a cheap
         # conversion (fp16/bf16) whose fresh result is hot in the cache for the GEMM: kept
         # copies measured slower there (our conv2d B=1, min of 3-5 alternating runs: fp32
         # 1.24 s against 1.18, fp16 2.23 against 2.04).
-        if a.dtype is not F32:
-            a = dtypes.to_f32(a)
-        if a.ndim != 2:
-            a = a.reshape(K, M)
-        if 4 not in a.strides:
-            # no unit stride (not kept: a direct allocation, ...): compact, as a kept copy is.
-            # NumPy 1.26 multiplies such a view with its own loop, not BLAS, in another
-            # summation order: the bits would depend on whether the copy was kept.
-            a = np.ascontiguousarray(a)
-        return a
+        return _fp32_matrix(a, K, M)
+    # (an fp32 view is copied; a conversion is a fresh array already, made compact if needed)
+    v = _kept(run, st, a, "stationary", lambda: (
+        np.array(a, order="C") if a.dtype == F32 else
+        np.ascontiguousarray(dtypes.to_f32(a))).reshape(K, M))
+    return _fp32_matrix(a, K, M) if v is None else v
+
+
+def _fp32_matrix(a, K, M) -> np.ndarray:
+    """``a`` as a (K, M) fp32 matrix for BLAS, not kept."""
+    if a.dtype is not F32:
+        a = dtypes.to_f32(a)
+    if a.ndim != 2:
+        a = a.reshape(K, M)
+    if 4 not in a.strides:
+        # no unit stride (not kept: a direct allocation, ...): compact, as a kept copy is.
+        # NumPy 1.26 multiplies such a view with its own loop, not BLAS, in another
+        # summation order: the bits would depend on whether the copy was kept.
+        a = np.ascontiguousarray(a)
+    return a
+
+
+def _kept(run, t, a, kind, make):
+    """``make()``, an array computed from ``a`` (the values of view ``t`` as ``read`` gave
+    them), kept per run for that view (``kind``, ``a``'s address, shape, strides and dtype)
+    with ``t``'s tile identity and write count (``root.id``, ``root.version``: every write to
+    the tile, through any view, checked or not, counts in ``tensor._write_begin``), so any
+    write retires it; None (nothing kept: the caller computes) for the views that cannot be
+    keyed so. Those are the direct allocations (``address=``: views of one SBUF array that
+    other tiles alias), a tile whose unwritten elements have not been poisoned yet (the
+    poison lands later, with no write), non-SBUF tiles, and values ``read`` gathered into a
+    fresh array (an advanced index: its address may be reused by another gather)."""
+    root = t.root
+    if root.direct or root.unpoisoned is not None or root.buffer != "sbuf" or \
+            not np.may_share_memory(a, t._arr):
+        return None
     cache = run.stationaries
-    key = (a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
+    key = (kind, a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
     hit = cache.get(key)
     if hit is not None and hit[0] == root.id and hit[1] == root.version:
         return hit[2]
-    # (an fp32 view is copied; a conversion is a fresh array already, made compact if needed)
-    v = (np.array(a, order="C") if a.dtype == F32 else
-         np.ascontiguousarray(dtypes.to_f32(a))).reshape(K, M)
+    v = make()
     if len(cache) >= _STATIONARIES_MAX:
         cache.clear()
     cache[key] = (root.id, root.version, v)
@@ -1149,7 +1167,18 @@ def nc_transpose(data, *, mask=None, dtype=None, engine=engine.unknown, **kwargs
                             got=x.root.buffer)
         if run.allocated_kernel and run.rules.allocated_kernel_rules:
             raise nki_error("err_transpose_on_tensor_engine_not_allowed_in_allocated_kernel")
-    v = read(x, api, run).reshape(P, F).T
+    a = read(x, api, run)
+    v = None
+    if eng == TENSOR and KEEP_STATIONARIES:
+        # Kernels transpose the same weights again and again (``nl.matmul(w, x)`` inserts a
+        # Tensor Engine transpose of ``w`` at every call), often a view with no unit stride
+        # (``w[:, :, ci, tap]`` of a (128, 128, 2, 9) tile: strides 72 and 9216 bytes), whose
+        # transposed copy reads every element from its own cache line: keep the transposed
+        # copy until the tile is written again, as nc_matmul keeps its stationaries. The
+        # result tile then copies a compact array (the same bits).
+        v = _kept(run, x, a, "transpose", lambda: np.ascontiguousarray(a.reshape(P, F).T))
+    if v is None:
+        v = a.reshape(P, F).T
     detail = _detail(x)
     # the PE transpose is nc_matmul(stationary=data (P, F), moving=identity (P, P)): contraction
     # K = P, stationary free M = F, moving free N = P, result (M, N) = (F, P) (ref §1.10, §3.3)

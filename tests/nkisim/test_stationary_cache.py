@@ -1,10 +1,11 @@
-"""nc_matmul keeps a compact fp32 copy of a stationary that has no unit stride until its tile is
-written again (nkisim.engines._stationary, issue 12). A kept copy that outlived a write would
-multiply by old weights, silently: these kernels cache a strided weight view, then change its
-elements through every kind of write (a load into part of it, a DMA, an in-place op on the
-whole tile, an op into the view itself, an overlapping view, a memset, an activation), and
-multiply again after each. The outputs must be NumPy's products of the weights as they stand,
-and the same bits with the copies turned off (``engines.KEEP_STATIONARIES``).
+"""nc_matmul keeps a compact fp32 copy of a stationary that has no unit stride, and a Tensor
+Engine transpose its transposed copy, until the tile is written again (nkisim.engines._kept,
+issue 12). A kept copy that outlived a write would multiply by (or move) old weights, silently:
+these kernels cache a strided weight view, then change its elements through every kind of write
+(a load into part of it, a DMA, an in-place op on the whole tile, an op into the view itself, an
+overlapping view, a memset, an activation), and multiply (or transpose) again after each. The
+outputs must be NumPy's products (or transposes) of the weights as they stand, and the same bits
+with the copies turned off (``engines.KEEP_STATIONARIES``).
 """
 
 import numpy as np
@@ -27,29 +28,33 @@ def _inputs(dtype=np.float32):
     return w, v, x
 
 
-def _expected(w_in, v_in, x_in):
-    """The weights after each step, as the kernels change them, and their products (fp32)."""
+def _expected(w_in, v_in, x_in, op="matmul"):
+    """The weights after each step, as the kernels change them, and their products (fp32), or
+    (``op="transpose"``) their transposes."""
     f = np.float32
     w, v, x = w_in.astype(f), v_in.astype(f), x_in.astype(f)
     dt = w_in.dtype
 
     def rounded(a):             # a result written into the kernel's tile of dtype dt
         return a.astype(f).astype(dt).astype(f)
-    outs = [w[:, :, 1].T @ x]
+
+    def of(w):
+        return w[:, :, 1].T @ x if op == "matmul" else w[:, :, 1].T.copy()
+    outs = [of(w)]
     w[:, 0:64, 1] = v[:, 0:64]                                  # 1: a load into part of it
-    outs.append(w[:, :, 1].T @ x)
+    outs.append(of(w))
     w[:, 64:128, 1] = v[:, 64:128]                              # 2: a DMA into the other part
-    outs.append(w[:, :, 1].T @ x)
+    outs.append(of(w))
     w[...] = rounded(w * f(2))                                  # 3: in place, the whole tile
-    outs.append(w[:, :, 1].T @ x)
+    outs.append(of(w))
     w[:, :, 1] = rounded(w[:, :, 1] + f(1))                     # 4: into the view itself
-    outs.append(w[:, :, 1].T @ x)
+    outs.append(of(w))
     w[:, 5, :] = v[:, 0:2]                                      # 5: an overlapping view
-    outs.append(w[:, :, 1].T @ x)
+    outs.append(of(w))
     w[:, 7, 1] = 3                                              # 6: a memset of one column
-    outs.append(w[:, :, 1].T @ x)
+    outs.append(of(w))
     w[:, :, 1] = rounded(np.exp(v))                             # 7: an activation
-    outs.append(w[:, :, 1].T @ x)
+    outs.append(of(w))
     return np.stack(outs)
 
 
@@ -64,18 +69,23 @@ def _load(lang, isa, *inputs):
     return tiles
 
 
-def _beta1_kernel():
+def _beta1_kernel(op="matmul"):
+    cols = 64 if op == "matmul" else 128
+
     def matmul(w, x, out, i):
         # twice, with no write in between: the second finds the kept copy
-        r = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        r = nl.ndarray((128, cols), dtype=nl.float32, buffer=nl.sbuf)
         for _ in nl.sequential_range(2):
-            ps = nl.zeros((128, 64), dtype=nl.float32, buffer=nl.psum)
-            ps += nisa.nc_matmul(w[:, :, 1], x)
-            r[...] = nisa.tensor_copy(ps)
+            if op == "matmul":
+                ps = nl.zeros((128, 64), dtype=nl.float32, buffer=nl.psum)
+                ps += nisa.nc_matmul(w[:, :, 1], x)
+            else:
+                ps = nisa.nc_transpose(w[:, :, 1], engine=nisa.tensor_engine)
+            r[...] = nisa.tensor_copy(ps, dtype=nl.float32)
         nisa.dma_copy(src=r, dst=out[i])
 
     def kernel(w_in, v_in, x_in):
-        out = nl.ndarray((STEPS, 128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        out = nl.ndarray((STEPS, 128, cols), dtype=nl.float32, buffer=nl.shared_hbm)
         dt = w_in.dtype
         w, x, v = _load(nl, nisa, w_in, x_in, v_in)
         matmul(w, x, out, 0)
@@ -97,20 +107,27 @@ def _beta1_kernel():
     return kernel
 
 
-def _current_kernel():
+def _current_kernel(op="matmul"):
     nlc, nisac = nki_face.language, nki_face.isa
+    cols = 64 if op == "matmul" else 128
 
     def matmul(w, x, out, i):
-        ps = nlc.ndarray((128, 64), dtype=nlc.float32, buffer=nlc.psum)
+        if op == "matmul":
+            ps = nlc.ndarray((128, 64), dtype=nlc.float32, buffer=nlc.psum)
+        else:
+            ps = nlc.ndarray((128, 128), dtype=w.dtype, buffer=nlc.psum)
         for _ in nlc.sequential_range(2):
-            nisac.nc_matmul(dst=ps, stationary=w[:, :, 1], moving=x, accumulate=False)
-        r = nlc.ndarray((128, 64), dtype=nlc.float32, buffer=nlc.sbuf)
+            if op == "matmul":
+                nisac.nc_matmul(dst=ps, stationary=w[:, :, 1], moving=x, accumulate=False)
+            else:
+                nisac.nc_transpose(dst=ps, data=w[:, :, 1], engine=nisac.engine.tensor)
+        r = nlc.ndarray((128, cols), dtype=nlc.float32, buffer=nlc.sbuf)
         nisac.tensor_copy(dst=r, src=ps)
         nisac.dma_copy(dst=out[i], src=r)
 
     @nki_face.jit
     def kernel(w_in, v_in, x_in):
-        out = nlc.ndarray((STEPS, 128, 64), dtype=nlc.float32, buffer=nlc.shared_hbm)
+        out = nlc.ndarray((STEPS, 128, cols), dtype=nlc.float32, buffer=nlc.shared_hbm)
         w, x, v = _load(nlc, nisac, w_in, x_in, v_in)
         matmul(w, x, out, 0)
         nisac.tensor_copy(dst=w[:, 0:64, 1], src=v[:, 0:64])
@@ -131,28 +148,34 @@ def _current_kernel():
     return kernel
 
 
-def _run(face, args, keep, monkeypatch):
+def _run(face, args, keep, monkeypatch, op="matmul"):
     monkeypatch.setattr(engines, "KEEP_STATIONARIES", keep)
     if face == "beta1":
-        out = simulate_kernel(_beta1_kernel(), *args)
+        out = simulate_kernel(_beta1_kernel(op), *args)
     else:
-        out = _current_kernel()(*args)
+        out = _current_kernel(op)(*args)
     return np.asarray(out), runtime.last_run()
 
 
 @pytest.mark.parametrize("checks", ["all", "none"])
 @pytest.mark.parametrize("face", ["beta1", "nki"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
-def test_every_write_retires_the_kept_copy(face, dtype, checks, monkeypatch):
+@pytest.mark.parametrize("op", ["matmul", "transpose"])
+def test_every_write_retires_the_kept_copy(op, face, dtype, checks, monkeypatch):
     """(with the checks off as well: the write count is kept by every write, not the checks)"""
     monkeypatch.setenv("NKISIM_CHECKS", checks)
     args = _inputs(dtype)
-    out, run = _run(face, args, True, monkeypatch)
+    out, run = _run(face, args, True, monkeypatch, op)
     # the path was taken: the strided view's copy was kept (once per change of the weights)
-    assert run.stationaries
-    want = _expected(*args)
-    np.testing.assert_allclose(out, want, rtol=2e-6 if dtype == np.float32 else 1e-5)
-    off, _ = _run(face, args, False, monkeypatch)
+    assert any(key[0] == ("stationary" if op == "matmul" else "transpose")
+               for key in run.stationaries)
+    want = _expected(*args, op=op)
+    if op == "transpose":
+        np.testing.assert_array_equal(out, want)        # data movement: exact
+    else:
+        np.testing.assert_allclose(out, want, rtol=2e-6 if dtype == np.float32 else 1e-5)
+    off, run_off = _run(face, args, False, monkeypatch, op)
+    assert not run_off.stationaries
     np.testing.assert_array_equal(out, off)
 
 
@@ -206,3 +229,25 @@ def test_a_write_through_a_view_of_another_dtype_retires_it(checks, monkeypatch)
     w2 = w.copy()
     w2.view(np.uint16)[:, :, 3] = 0x4000           # bf16 2.0 in the high half (little endian)
     np.testing.assert_allclose(out[1], w2[:, :, 1].T @ x, rtol=2e-6)
+
+
+def test_a_gathered_view_is_not_kept():
+    """A view that ``read`` gathers into a fresh array (a reversed index: no basic view) has no
+    place in the tile to key a copy by, and its address is free for the next gather of the
+    same size: a copy kept under it was served to the fourth of these transposes before the
+    guard (``np.may_share_memory`` with the view's storage in ``engines._kept``)."""
+    def kernel(w_in):
+        out = nl.ndarray((4, 128, 128), dtype=nl.float32, buffer=nl.shared_hbm)
+        w, = _load(nl, nisa, w_in)
+        ip, ia = nl.arange(128)[:, None], nl.arange(128)[None, :]
+        for i in nl.sequential_range(4):
+            ps = nisa.nc_transpose(w[ip, 255 - ia - i], engine=nisa.tensor_engine)
+            r = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
+            r[...] = nisa.tensor_copy(ps)
+            nisa.dma_copy(src=r, dst=out[i])
+        return out
+    w = RNG.random((128, 256), dtype=np.float32)
+    out = simulate_kernel(kernel, w)
+    assert not runtime.last_run().stationaries
+    for i in range(4):
+        np.testing.assert_array_equal(out[i], w[:, 255 - i - np.arange(128)].T)
