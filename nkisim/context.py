@@ -230,6 +230,8 @@ class Run:
     direct: object = None                             # into's write begun by tensor.begin_direct
     #                                                   (its result computed in place)
     stationaries: dict = field(default_factory=dict)  # nc_matmul's kept stationary copies
+    mirrors: dict = field(default_factory=dict)  # fp32 copies of 16-bit tiles (engines._f32)
+    mirror_bytes: int = 0     # the bytes of those copies
     #                                                   (nkisim.engines._stationary)
     strict: bool = False                              # NKISIM_STRICT=1: tolerated rules raise
     taint: object = None                              # uninitialized values read by the current

@@ -50,6 +50,7 @@ from .tensor import (
 from .trace import DMA, GPSIMD, SCALAR, TENSOR, VECTOR
 
 F32 = dtypes.F32
+F16 = np.dtype(np.float16)
 
 # ---------------------------------------------------------------------------------------------
 # enums (ref §1.10)
@@ -924,10 +925,10 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
         site = (code.co_filename, caller.f_lineno)      # (what caller_location finds)
     a = _stationary(run, st, read(st, api, run), K, M)
     bv = read(mv, api, run)
+    if bv.dtype is not F32:
+        bv = _f32(run, mv, bv) if bv.dtype == F16 else dtypes.to_f32(bv)
     if bv.ndim == 1:
         bv = bv.reshape(bv.shape[0], 1)
-    if bv.dtype is not F32:
-        bv = dtypes.to_f32(bv)
     if run.taint is not None:
         _matmul_taint(run, st, mv, K, M, N, (M,) + ms[1:])
     fp32 = st.dtype.itemsize == 4 or mv.dtype.itemsize == 4
@@ -977,7 +978,10 @@ def _stationary(run, st, a, K, M) -> np.ndarray:
         # A matrix with a unit stride is what BLAS takes as it is (fp32), or a cheap
         # conversion (fp16/bf16) whose fresh result is hot in the cache for the GEMM: kept
         # copies measured slower there (our conv2d B=1, min of 3-5 alternating runs: fp32
-        # 1.24 s against 1.18, fp16 2.23 against 2.04).
+        # 1.24 s against 1.18, fp16 2.23 against 2.04). An fp16 one is a view of its
+        # tile's fp32 mirror once the tile has one (``_f32``).
+        if a.dtype == F16 and KEEP_STATIONARIES:
+            a = _f32(run, st, a)
         return _fp32_matrix(a, K, M)
     # (an fp32 view is copied; a conversion is a fresh array already, made compact if needed)
     v = _kept(run, st, a, "stationary", lambda: (
@@ -998,6 +1002,65 @@ def _fp32_matrix(a, K, M) -> np.ndarray:
         # summation order: the bits would depend on whether the copy was kept.
         a = np.ascontiguousarray(a)
     return a
+
+
+# fp32 mirrors of 16-bit tiles kept per run, at most this many bytes (the oldest go first)
+_MIRRORS_MAX_BYTES = 64 << 20
+_MIRRORS_MAX_TILES = 4096       # tiles whose reads are counted (no storage held for them)
+
+
+def _f32(run, t, a) -> np.ndarray:
+    """The values ``a`` of an fp16 view ``t`` (as ``read`` gave them) in fp32.
+
+    The engines compute in fp32, so every fp16 matmul operand is widened, and NumPy widens
+    fp16 at 1-2.5 ns an element (no F16C path; ml_dtypes' bf16 is 10x faster): in a conv2d
+    that reads each input band ~36 times (18 shifted windows per PSUM tile, per C_out tile),
+    the widening took 45% of an fp16 simulation, more than the GEMMs (py-spy, our kernel, B=1
+    224x224). So a tile read more than twice its own size in elements since its last write
+    gets an fp32 mirror of its whole storage, kept until the tile is written again
+    (``root.version``, as ``_kept``), and its views are read from the mirror: the same values
+    (widening is exact). The conversions before the mirror add up to at most twice the tile's
+    size, so a tile written between reads, or read whole once or twice, is never mirrored.
+    Not for the tiles ``_kept`` leaves out (direct allocations, unpoisoned, not SBUF, a
+    gathered view) nor a storage that is not one C-contiguous array."""
+    root = t.root
+    if not KEEP_STATIONARIES or root.direct or root.unpoisoned is not None or \
+            root.buffer != "sbuf" or a.dtype != F16 or not np.may_share_memory(a, t._arr):
+        return dtypes.to_f32(a)
+    store = a.base if a.base is not None else a
+    if type(store) is not np.ndarray or store.dtype != F16 or not store.flags.c_contiguous or \
+            not a.ndim or a.strides[-1] != 2:
+        # (a view with no unit stride widens to a compact array, as before: NumPy 1.26
+        # multiplies a view of the mirror with no unit stride with its own loop, not BLAS)
+        return dtypes.to_f32(a)
+    mirrors = run.mirrors
+    m = mirrors.get(root.id)
+    if m is None or m[0] != root.version or m[2] is not None and m[2] is not store:
+        if m is not None and m[3] is not None:
+            run.mirror_bytes -= m[3].nbytes
+        elif len(mirrors) >= _MIRRORS_MAX_TILES:
+            # (the counts of tiles read since: the mirrors themselves stay)
+            for key in [k for k, x in mirrors.items() if x[3] is None]:
+                del mirrors[key]
+        m = mirrors[root.id] = [root.version, 0, None, None]
+    if m[3] is None:
+        m[1] += a.size
+        if m[1] <= 2 * store.size:
+            return dtypes.to_f32(a)
+        m[2], m[3] = store, dtypes.to_f32(store)
+        run.mirror_bytes += m[3].nbytes
+        if run.mirror_bytes > _MIRRORS_MAX_BYTES:
+            for key in list(mirrors):           # the oldest first
+                if run.mirror_bytes <= _MIRRORS_MAX_BYTES:
+                    break
+                if key != root.id and mirrors[key][3] is not None:
+                    run.mirror_bytes -= mirrors.pop(key)[3].nbytes
+    store, mirror = m[2], m[3]
+    off = a.__array_interface__["data"][0] - store.__array_interface__["data"][0]
+    if off < 0 or off % 2 or any(s < 0 or s % 2 for s in a.strides):
+        return dtypes.to_f32(a)
+    return np.ndarray(a.shape, np.float32, buffer=mirror, offset=off * 2,
+                      strides=tuple(s * 2 for s in a.strides))
 
 
 def _kept(run, t, a, kind, make):

@@ -251,3 +251,83 @@ def test_a_gathered_view_is_not_kept():
     assert not runtime.last_run().stationaries
     for i in range(4):
         np.testing.assert_array_equal(out[i], w[:, 255 - i - np.arange(128)].T)
+
+
+@pytest.mark.parametrize("checks", ["all", "none"])
+@pytest.mark.parametrize("face", ["beta1", "nki"])
+def test_an_fp16_tile_read_again_and_again_is_widened_once_per_write(face, checks, monkeypatch):
+    """An fp16 tile read as matmul operands more than twice its size gets an fp32 mirror
+    (``engines._f32``) that every write retires: shifted windows of ``x`` (two rows of 150
+    columns, as a conv2d reads its input band) are multiplied in four rounds of 3 x 3
+    matmuls, with a write into part of ``x`` (a DMA, an in-place op, a memset) before each
+    later round. Each product must be NumPy's of ``x`` as it stands, and the same bits with
+    the mirrors turned off."""
+    monkeypatch.setenv("NKISIM_CHECKS", checks)
+    f = np.float32
+    w = RNG.random((128, 128), dtype=f).astype(np.float16)
+    x = RNG.random((128, 4, 160), dtype=f).astype(np.float16)
+    v = RNG.random((128, 160), dtype=f).astype(np.float16)
+    xs = [x.astype(f)]
+    x2 = xs[0].copy()
+    x2[:, 1, :] = v.astype(f)                                   # a DMA into one row
+    xs.append(x2.copy())
+    x2 = (x2 * f(2)).astype(np.float16).astype(f)               # in place, the whole tile
+    xs.append(x2.copy())
+    x2[:, 2, 0:8] = 3                                           # a memset of part of one
+    xs.append(x2)
+    want = np.stack([np.einsum("km,krc->mrc", w.astype(f), xi[:, j:j + 2, 1:151])
+                     for xi in xs for j in range(3)])
+
+    def beta1(w_in, x_in, v_in):
+        out = nl.ndarray((12, 128, 2, 150), dtype=nl.float32, buffer=nl.shared_hbm)
+        wt, xt = _load(nl, nisa, w_in, x_in)
+        r = nl.ndarray((128, 2, 150), dtype=nl.float32, buffer=nl.sbuf)
+        for rnd in range(4):                    # (unrolled: a Python loop)
+            if rnd == 1:
+                nisa.dma_copy(src=v_in, dst=xt[:, 1, :])
+            elif rnd == 2:
+                xt[...] = nl.multiply(xt, 2.0)
+            elif rnd == 3:
+                xt[:, 2, 0:8] = nisa.memset((128, 8), 3.0, nl.float16)
+            for j in nl.sequential_range(3):
+                for _ in nl.sequential_range(3):
+                    ps = nl.zeros((128, 2, 150), dtype=nl.float32, buffer=nl.psum)
+                    ps += nisa.nc_matmul(wt, xt[:, j:j + 2, 1:151])
+                    r[...] = nisa.tensor_copy(ps)
+                nisa.dma_copy(src=r, dst=out[3 * rnd + j])
+        return out
+
+    nlc, nisac = nki_face.language, nki_face.isa
+
+    @nki_face.jit
+    def current(w_in, x_in, v_in):
+        out = nlc.ndarray((12, 128, 2, 150), dtype=nlc.float32, buffer=nlc.shared_hbm)
+        wt, xt = _load(nlc, nisac, w_in, x_in)
+        ps = nlc.ndarray((128, 2, 150), dtype=nlc.float32, buffer=nlc.psum)
+        r = nlc.ndarray((128, 2, 150), dtype=nlc.float32, buffer=nlc.sbuf)
+        for rnd in range(4):
+            if rnd == 1:
+                nisac.dma_copy(dst=xt[:, 1, :], src=v_in)
+            elif rnd == 2:
+                nisac.tensor_scalar(dst=xt, data=xt, op0=nlc.multiply, operand0=2.0)
+            elif rnd == 3:
+                nisac.memset(dst=xt[:, 2, 0:8], value=3.0)
+            for j in nlc.sequential_range(3):
+                for _ in nlc.sequential_range(3):
+                    nisac.nc_matmul(dst=ps, stationary=wt, moving=xt[:, j:j + 2, 1:151],
+                                    accumulate=False)
+                nisac.tensor_copy(dst=r, src=ps)
+                nisac.dma_copy(dst=out[3 * rnd + j], src=r)
+        return out
+
+    def run(keep):
+        monkeypatch.setattr(engines, "KEEP_STATIONARIES", keep)
+        out = simulate_kernel(beta1, w, x, v) if face == "beta1" else current(w, x, v)
+        return np.asarray(out), runtime.last_run()
+    out, r = run(True)
+    # the path was taken: x (and the weights, read 36 times whole) got mirrors
+    assert sum(m[3] is not None for m in r.mirrors.values()) >= 2
+    np.testing.assert_allclose(out, want, rtol=1e-5)
+    off, r_off = run(False)
+    assert not r_off.mirrors
+    np.testing.assert_array_equal(out, off)
