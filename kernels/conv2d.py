@@ -214,7 +214,7 @@ def _evacuate(ps, ot, cm, bias_sb, co, r, pool, engine):
     or the max over each pool-wide column window into the fp32 band buffer ``cm``."""
     nr, cols = ps.shape[1], ps.shape[2]
     if pool == 1:
-        ot[:, co, r:r + nr, :] = _add_bias(ps, bias_sb[:, co:co + 1], ot.dtype, engine)
+        _add_bias(ot, co, r, nr, ps, bias_sb[:, co:co + 1], engine)
     else:
         cm[:, r:r + nr, :] = nisa.tensor_reduce(
             nl.max, ps.reshape((PMAX, nr, cols // pool, pool)), axis=3)
@@ -230,14 +230,17 @@ def _pool_rows(cm, ot, bias_sb, co, pool):
     if pool > 2:
         for j in nl.sequential_range(2, pool):
             mx[...] = nisa.tensor_tensor(mx, rows_v[:, :, j * pw:(j + 1) * pw], nl.maximum)
-    ot[:, co, :, :] = _add_bias(mx, bias_sb[:, co:co + 1], ot.dtype, nisa.scalar_engine)
+    _add_bias(ot, co, 0, ot.shape[2], mx, bias_sb[:, co:co + 1], nisa.scalar_engine)
 
 
-def _add_bias(src, bias, dtype, engine):
-    """``src + bias`` (a (128, 1) column) in ``dtype`` on ``engine``. The Scalar Engine adds
-    with tensor_scalar only from NeuronCore-v3 ("Add and Multiply are supported on Scalar
-    Engine only from NeuronCore-v3", Beta 1 ALU table); on trn1 its add is the activation's
-    bias: copy(src * 1 + bias)."""
+def _add_bias(ot, co, r, nr, src, bias, engine):
+    """``ot[:, co, r:r + nr, :] = src + bias`` (a (128, 1) column) in ot's dtype on ``engine``,
+    assigned here (not returned): ``t[key] = op(...)`` lets the engine write its result straight
+    into the staging tile. The Scalar Engine adds with tensor_scalar only from NeuronCore-v3
+    ("Add and Multiply are supported on Scalar Engine only from NeuronCore-v3", Beta 1 ALU
+    table); on trn1 its add is the activation's bias: copy(src * 1 + bias)."""
     if engine == nisa.scalar_engine and nisa.get_nc_version() == nisa.nc_version.gen2:
-        return nisa.activation(nl.copy, src, bias=bias, dtype=dtype)
-    return nisa.tensor_scalar(src, nl.add, bias, dtype=dtype, engine=engine)
+        ot[:, co, r:r + nr, :] = nisa.activation(nl.copy, src, bias=bias, dtype=ot.dtype)
+    else:
+        ot[:, co, r:r + nr, :] = nisa.tensor_scalar(src, nl.add, bias, dtype=ot.dtype,
+                                                    engine=engine)
