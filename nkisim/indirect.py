@@ -12,7 +12,8 @@ remembered (weakly) so the DMA's trace instruction lists them among the regions 
 Out of bounds: with ``oob_mode.error`` (the default, and for nl.load/nl.store) the access raises
 ``IndexError`` with the message AWS's doc tests expect, NumPy's for the flattened tensor: ``index
 66048 is out of bounds for axis 0 with size 65536`` (row 129 of a (128, 512) tensor; the first
-out-of-bound element in the index order). With ``oob_mode.skip`` those elements are not moved.
+out-of-bound element in the index order); an element outside its axis but inside the tensor gets
+NumPy's message for that axis. With ``oob_mode.skip`` those elements are not moved.
 """
 
 from __future__ import annotations
@@ -79,7 +80,20 @@ def _oob_message(tensor, key, bad) -> str:
         flat = flat + v * (st // item)
     b = np.asarray(bad).reshape(bad.shape[:len(shp)] + (-1,)).any(axis=-1) \
         if bad.ndim > len(shp) else np.broadcast_to(bad, shp)
-    first = int(flat[b].reshape(-1)[0]) if b.any() else int(flat.max())
+    if not b.any():
+        return f"index {int(flat.max())} is out of bounds for axis 0 with size {arr.size}"
+    pos = tuple(np.argwhere(b)[0])
+    first = int(flat[pos])
+    if 0 <= first < arr.size:
+        # Outside its axis but inside the tensor (a row index past the rows of one batch of a
+        # (B, rows, cols) tensor: nki-samples' resize_nearest, whose rounded source row is one
+        # too many): NumPy's message for that axis, not the flattened one, which would name an
+        # index below the size it says it exceeds
+        for j, v in enumerate(unclipped[:arr.ndim]):
+            x = int(v[pos])
+            if not 0 <= x < arr.shape[j]:
+                return (f"index {x} is out of bounds for axis {j} with size {arr.shape[j]} "
+                        f"(element {first} of the flattened tensor, which has {arr.size})")
     return f"index {first} is out of bounds for axis 0 with size {arr.size}"
 
 

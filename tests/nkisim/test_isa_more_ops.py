@@ -627,3 +627,19 @@ def test_tensor_copy_dynamic_dst_scatters_at_a_runtime_offset():
     expect = np.zeros((16, 12), np.float32)
     expect[:, 5:9] = a
     np.testing.assert_array_equal(k(a, off), expect)
+
+
+def test_indirect_index_past_its_axis_but_inside_the_tensor_names_the_axis():
+    """A gather from batch 0 of a (2, 128, 64) tensor with rows up to 189: row 129 of batch 0
+    is element 129 * 64 = 8256 of the flattened tensor, inside its 16384 elements, so the
+    flattened message would say "index 8256 is out of bounds ... with size 16384"; the
+    message names the row axis instead (nki-samples' resize_nearest reads one row too many)."""
+    @nki.jit
+    def k(d):
+        idx = nisa.iota(3 * nl.arange(64)[:, None], dtype=nl.int32)
+        return store(nl.load(d[0, idx, nl.arange(64)[None, :]]))
+
+    with pytest.raises(IndexError) as ei:
+        k(rand((2, 128, 64)))
+    assert str(ei.value) == ("index 129 is out of bounds for axis 1 with size 128 (element "
+                             "8256 of the flattened tensor, which has 16384)")
