@@ -5,7 +5,8 @@ Simulates the conv2d of each checkout given (``--solution DIR``, repeatable; a t
 course's B=1 256->256 224x224 3x3 configuration with bias, in float32 and float16, and prints
 the CPU time (min of ``--repeats`` runs, default 3), the instruction count, the time per
 instruction, and our own kernel's figures for comparison. ``--ab`` also times each run with
-nkisim's kept stationary copies turned off (``nkisim.engines.KEEP_STATIONARIES``), alternating.
+nkisim's kept operand copies turned off (``nkisim.engines.KEEP_STATIONARIES``: the compact
+stationaries, the Tensor Engine transposes and the fp32 mirrors of fp16 tiles), alternating.
 Nothing from the checkouts is copied; without ``--solution`` only our kernel is timed.
 
     python benchmarks/solution_speed.py --solution ~/asst4-trainium2 --solution ~/asst4-trainium
@@ -29,7 +30,8 @@ def main() -> None:
     p.add_argument("--dtypes", default="float32,float16")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--ab", action="store_true",
-                   help="also time each run without the kept stationary copies")
+                   help="also time each run without the kept operand copies (stationaries, "
+                        "transposes, fp16 mirrors)")
     args = p.parse_args()
 
     from nkisim import engines
