@@ -232,6 +232,8 @@ class Run:
     stationaries: dict = field(default_factory=dict)  # nc_matmul's kept stationary copies
     mirrors: dict = field(default_factory=dict)  # fp32 copies of 16-bit tiles (engines._f32)
     mirror_bytes: int = 0     # the bytes of those copies
+    kept: dict = field(default_factory=dict)  # kind -> copies made (both caches; they are
+                                              # emptied when the run ends)
     #                                                   (nkisim.engines._stationary)
     strict: bool = False                              # NKISIM_STRICT=1: tolerated rules raise
     taint: object = None                              # uninitialized values read by the current

@@ -1005,7 +1005,7 @@ def _fp32_matrix(a, K, M) -> np.ndarray:
 
 
 # fp32 mirrors of 16-bit tiles kept per run, at most this many bytes (the oldest go first)
-_MIRRORS_MAX_BYTES = 64 << 20
+_MIRRORS_MAX_BYTES = 32 << 20      # (SBUF is 24 MiB: its fp16 data widens to 48)
 _MIRRORS_MAX_TILES = 4096       # tiles whose reads are counted (no storage held for them)
 
 
@@ -1033,21 +1033,25 @@ def _f32(run, t, a) -> np.ndarray:
         # (a view with no unit stride widens to a compact array, as before: NumPy 1.26
         # multiplies a view of the mirror with no unit stride with its own loop, not BLAS)
         return dtypes.to_f32(a)
+    # (an entry: [write count, elements read since, the storage's address, the mirror]; no
+    # reference to the storage, which a dead tile's entry would keep alive)
     mirrors = run.mirrors
     m = mirrors.get(root.id)
-    if m is None or m[0] != root.version or m[2] is not None and m[2] is not store:
+    base = store.__array_interface__["data"][0]
+    if m is None or m[0] != root.version or m[2] != base:
         if m is not None and m[3] is not None:
             run.mirror_bytes -= m[3].nbytes
         elif len(mirrors) >= _MIRRORS_MAX_TILES:
             # (the counts of tiles read since: the mirrors themselves stay)
             for key in [k for k, x in mirrors.items() if x[3] is None]:
                 del mirrors[key]
-        m = mirrors[root.id] = [root.version, 0, None, None]
+        m = mirrors[root.id] = [root.version, 0, base, None]
     if m[3] is None:
         m[1] += a.size
         if m[1] <= 2 * store.size:
             return dtypes.to_f32(a)
-        m[2], m[3] = store, dtypes.to_f32(store)
+        m[3] = dtypes.to_f32(store)
+        run.kept["mirror"] = run.kept.get("mirror", 0) + 1
         run.mirror_bytes += m[3].nbytes
         if run.mirror_bytes > _MIRRORS_MAX_BYTES:
             for key in list(mirrors):           # the oldest first
@@ -1055,8 +1059,8 @@ def _f32(run, t, a) -> np.ndarray:
                     break
                 if key != root.id and mirrors[key][3] is not None:
                     run.mirror_bytes -= mirrors.pop(key)[3].nbytes
-    store, mirror = m[2], m[3]
-    off = a.__array_interface__["data"][0] - store.__array_interface__["data"][0]
+    mirror = m[3]
+    off = a.__array_interface__["data"][0] - base
     if off < 0 or off % 2 or any(s < 0 or s % 2 for s in a.strides):
         return dtypes.to_f32(a)
     return np.ndarray(a.shape, np.float32, buffer=mirror, offset=off * 2,
@@ -1083,6 +1087,7 @@ def _kept(run, t, a, kind, make):
     if hit is not None and hit[0] == root.id and hit[1] == root.version:
         return hit[2]
     v = make()
+    run.kept[kind] = run.kept.get(kind, 0) + 1
     if len(cache) >= _STATIONARIES_MAX:
         cache.clear()
     cache[key] = (root.id, root.version, v)

@@ -325,6 +325,9 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
         return _to_numpy(result)
     finally:
         context.pop()
+        # the kept operand copies (engines._kept, engines._f32: up to 48 MiB) are of no use
+        # once the kernel ended, and last_run() keeps the run; run.kept counts them
+        run.stationaries, run.mirrors, run.mirror_bytes = {}, {}, 0
         errs.__exit__(None, None, None)
         if freeze:
             gc.unfreeze()

@@ -167,15 +167,15 @@ def test_every_write_retires_the_kept_copy(op, face, dtype, checks, monkeypatch)
     args = _inputs(dtype)
     out, run = _run(face, args, True, monkeypatch, op)
     # the path was taken: the strided view's copy was kept (once per change of the weights)
-    assert any(key[0] == ("stationary" if op == "matmul" else "transpose")
-               for key in run.stationaries)
+    assert run.kept.get("stationary" if op == "matmul" else "transpose")
+    assert not run.stationaries and not run.mirrors     # (released when the run ended)
     want = _expected(*args, op=op)
     if op == "transpose":
         np.testing.assert_array_equal(out, want)        # data movement: exact
     else:
         np.testing.assert_allclose(out, want, rtol=2e-6 if dtype == np.float32 else 1e-5)
     off, run_off = _run(face, args, False, monkeypatch, op)
-    assert not run_off.stationaries
+    assert not run_off.kept
     np.testing.assert_array_equal(out, off)
 
 
@@ -197,7 +197,7 @@ def test_a_stationary_with_a_unit_stride_is_not_copied(monkeypatch):
     w = RNG.random((128, 2, 128), dtype=np.float32)
     x = RNG.random((128, 64), dtype=np.float32)
     out = simulate_kernel(kernel, w, x)
-    assert not runtime.last_run().stationaries
+    assert not runtime.last_run().kept
     np.testing.assert_allclose(out, w[:, 1, :].T @ x, rtol=2e-6)
 
 
@@ -224,7 +224,7 @@ def test_a_write_through_a_view_of_another_dtype_retires_it(checks, monkeypatch)
     w = RNG.random((128, 128, 2), dtype=np.float32)
     x = RNG.random((128, 64), dtype=np.float32)
     out = np.asarray(kernel(w, x))
-    assert runtime.last_run().stationaries
+    assert runtime.last_run().kept.get("stationary")
     np.testing.assert_allclose(out[0], w[:, :, 1].T @ x, rtol=2e-6)
     w2 = w.copy()
     w2.view(np.uint16)[:, :, 3] = 0x4000           # bf16 2.0 in the high half (little endian)
@@ -248,7 +248,7 @@ def test_a_gathered_view_is_not_kept():
         return out
     w = RNG.random((128, 256), dtype=np.float32)
     out = simulate_kernel(kernel, w)
-    assert not runtime.last_run().stationaries
+    assert not runtime.last_run().kept
     for i in range(4):
         np.testing.assert_array_equal(out[i], w[:, 255 - i - np.arange(128)].T)
 
@@ -326,8 +326,8 @@ def test_an_fp16_tile_read_again_and_again_is_widened_once_per_write(face, check
         return np.asarray(out), runtime.last_run()
     out, r = run(True)
     # the path was taken: x (and the weights, read 36 times whole) got mirrors
-    assert sum(m[3] is not None for m in r.mirrors.values()) >= 2
+    assert r.kept.get("mirror", 0) >= 2
     np.testing.assert_allclose(out, want, rtol=1e-5)
     off, r_off = run(False)
-    assert not r_off.mirrors
+    assert not r_off.kept
     np.testing.assert_array_equal(out, off)
