@@ -229,12 +229,12 @@ class Run:
     #                                                   into (ops.result_tile, nki.isa._direct)
     direct: object = None                             # into's write begun by tensor.begin_direct
     #                                                   (its result computed in place)
-    stationaries: dict = field(default_factory=dict)  # nc_matmul's kept stationary copies
-    mirrors: dict = field(default_factory=dict)  # fp32 copies of 16-bit tiles (engines._f32)
-    mirror_bytes: int = 0     # the bytes of those copies
-    kept: dict = field(default_factory=dict)  # kind -> copies made (both caches; they are
-                                              # emptied when the run ends)
-    #                                                   (nkisim.engines._stationary)
+    stationaries: dict = field(default_factory=dict)  # kept operand copies (stationaries,
+    #                                                   transposes: nkisim.engines._kept)
+    mirrors: dict = field(default_factory=dict)       # fp32 mirrors of fp16 tiles (engines._f32)
+    mirror_bytes: int = 0                             # the bytes of those mirrors
+    kept: dict = field(default_factory=dict)          # kind -> copies made (the two caches are
+    #                                                   emptied when the run ends; this stays)
     strict: bool = False                              # NKISIM_STRICT=1: tolerated rules raise
     taint: object = None                              # uninitialized values read by the current
     #                                                   instruction (nkisim.tensor.read/write)

@@ -1004,7 +1004,7 @@ def _fp32_matrix(a, K, M) -> np.ndarray:
     return a
 
 
-# fp32 mirrors of 16-bit tiles kept per run, at most this many bytes (the oldest go first)
+# fp32 mirrors of fp16 tiles kept per run, at most this many bytes (the oldest go first)
 _MIRRORS_MAX_BYTES = 32 << 20      # (SBUF is 24 MiB: its fp16 data widens to 48)
 _MIRRORS_MAX_TILES = 4096       # tiles whose reads are counted (no storage held for them)
 
