@@ -1016,11 +1016,14 @@ def _f32(run, t, a) -> np.ndarray:
     fp16 at 1-2.5 ns an element (no F16C path; ml_dtypes' bf16 is 10x faster): in a conv2d
     that reads each input band ~36 times (18 shifted windows per PSUM tile, per C_out tile),
     the widening took 45% of an fp16 simulation, more than the GEMMs (py-spy, our kernel, B=1
-    224x224). So a tile read more than twice its own size in elements since its last write
-    gets an fp32 mirror of its whole storage, kept until the tile is written again
-    (``root.version``, as ``_kept``), and its views are read from the mirror: the same values
-    (widening is exact). The conversions before the mirror add up to at most twice the tile's
-    size, so a tile written between reads, or read whole once or twice, is never mirrored.
+    224x224). So a tile read more than its own size in elements since its last write gets an
+    fp32 mirror of its whole storage, kept until the tile is written again (``root.version``,
+    as ``_kept``), and its views are read from the mirror: the same values (widening is
+    exact). The conversions before the mirror add up to at most the tile's size, so a tile
+    gets at most twice its size widened per write, and one read whole once is never mirrored.
+    (A trn2 course solution reloads a 224-column row tile before every three 222-column
+    windows: the mirror at the second read widens 446 columns instead of 666; its 7,992
+    widenings took 0.43-0.57 s against 0.53-0.62 with a threshold of twice the size.)
     Not for the tiles ``_kept`` leaves out (direct allocations, unpoisoned, not SBUF, a
     gathered view) nor a storage that is not one C-contiguous array."""
     root = t.root
@@ -1048,7 +1051,7 @@ def _f32(run, t, a) -> np.ndarray:
         m = mirrors[root.id] = [root.version, 0, base, None]
     if m[3] is None:
         m[1] += a.size
-        if m[1] <= 2 * store.size:
+        if m[1] <= store.size:
             return dtypes.to_f32(a)
         m[3] = dtypes.to_f32(store)
         run.kept["mirror"] = run.kept.get("mirror", 0) + 1

@@ -256,7 +256,7 @@ def test_a_gathered_view_is_not_kept():
 @pytest.mark.parametrize("checks", ["all", "none"])
 @pytest.mark.parametrize("face", ["beta1", "nki"])
 def test_an_fp16_tile_read_again_and_again_is_widened_once_per_write(face, checks, monkeypatch):
-    """An fp16 tile read as matmul operands more than twice its size gets an fp32 mirror
+    """An fp16 tile read as matmul operands more than its size gets an fp32 mirror
     (``engines._f32``) that every write retires: shifted windows of ``x`` (two rows of 150
     columns, as a conv2d reads its input band) are multiplied in four rounds of 3 x 3
     matmuls, with a write into part of ``x`` (a DMA, an in-place op, a memset) before each
