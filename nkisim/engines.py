@@ -1045,9 +1045,13 @@ def _f32(run, t, a) -> np.ndarray:
         if m is not None and m[3] is not None:
             run.mirror_bytes -= m[3].nbytes
         elif len(mirrors) >= _MIRRORS_MAX_TILES:
-            # (the counts of tiles read since: the mirrors themselves stay)
+            # (the counts of tiles read since: the mirrors themselves stay, unless they alone
+            # are that many, small tiles' mirrors, when all go)
             for key in [k for k, x in mirrors.items() if x[3] is None]:
                 del mirrors[key]
+            if len(mirrors) >= _MIRRORS_MAX_TILES // 2:
+                mirrors.clear()
+                run.mirror_bytes = 0
         m = mirrors[root.id] = [root.version, 0, base, None]
     if m[3] is None:
         m[1] += a.size

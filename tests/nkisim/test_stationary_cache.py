@@ -331,3 +331,39 @@ def test_an_fp16_tile_read_again_and_again_is_widened_once_per_write(face, check
     off, r_off = run(False)
     assert not r_off.kept
     np.testing.assert_array_equal(out, off)
+
+
+def test_mirrors_of_many_small_tiles_stay_bounded(monkeypatch):
+    """Forty small fp16 tiles, each read three times whole (so each gets a mirror): the
+    table of mirrors never holds more than its limit of tiles (here 16), and the products
+    stay NumPy's."""
+    monkeypatch.setattr(engines, "_MIRRORS_MAX_TILES", 16)
+    seen = []
+    f32 = engines._f32
+
+    def counting(run, t, a):
+        v = f32(run, t, a)
+        seen.append(len(run.mirrors))
+        return v
+    monkeypatch.setattr(engines, "_f32", counting)
+
+    def kernel(w_in, x_in):
+        out = nl.ndarray((40, 128, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+        w, = _load(nl, nisa, w_in)
+        for i in range(40):
+            x = nl.ndarray((128, 4), dtype=nl.float16, buffer=nl.sbuf)
+            nisa.dma_copy(src=x_in[i], dst=x)
+            r = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.sbuf)
+            for _ in range(3):
+                ps = nl.zeros((128, 4), dtype=nl.float32, buffer=nl.psum)
+                ps += nisa.nc_matmul(w, x)
+                r[...] = nisa.tensor_copy(ps)
+            nisa.dma_copy(src=r, dst=out[i])
+        return out
+    w = RNG.random((128, 128), dtype=np.float32).astype(np.float16)
+    x = RNG.random((40, 128, 4), dtype=np.float32).astype(np.float16)
+    out = simulate_kernel(kernel, w, x)
+    assert runtime.last_run().kept["mirror"] >= 40
+    assert seen and max(seen) <= 16
+    want = np.stack([w.astype(np.float32).T @ x[i].astype(np.float32) for i in range(40)])
+    np.testing.assert_allclose(out, want, rtol=1e-5)
