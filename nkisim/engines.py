@@ -926,7 +926,7 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     a = _stationary(run, st, read(st, api, run), K, M)
     bv = read(mv, api, run)
     if bv.dtype is not F32:
-        bv = _f32(run, mv, bv) if bv.dtype == F16 else dtypes.to_f32(bv)
+        bv = _f32(run, mv, bv)
     if bv.ndim == 1:
         bv = bv.reshape(bv.shape[0], 1)
     if run.taint is not None:
@@ -954,7 +954,7 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
 
 _STATIONARIES_MAX = 256         # kept operand copies per run (64 KiB each at most)
 # False: every nc_matmul prepares its stationary anew, every Tensor Engine transpose transposes
-# anew (tests compare both ways)
+# anew, no fp16 tile gets an fp32 mirror (tests compare both ways; engines._keepable)
 KEEP_STATIONARIES = True
 
 
@@ -974,15 +974,13 @@ def _stationary(run, st, a, K, M) -> np.ndarray:
     The copy is kept per view until any write to the tile (``_kept``). The values are the
     same bits either way: the GEMM always gets a compact copy of a view with no unit stride
     (tests/nkisim/test_stationary_cache.py, on NumPy 1.26 and 2.x)."""
-    if (a.ndim == 2 and a.itemsize in a.strides) or not KEEP_STATIONARIES:
+    if a.ndim == 2 and a.itemsize in a.strides:
         # A matrix with a unit stride is what BLAS takes as it is (fp32), or a cheap
         # conversion (fp16/bf16) whose fresh result is hot in the cache for the GEMM: kept
         # copies measured slower there (our conv2d B=1, min of 3-5 alternating runs: fp32
         # 1.24 s against 1.18, fp16 2.23 against 2.04). An fp16 one is a view of its
         # tile's fp32 mirror once the tile has one (``_f32``).
-        if a.dtype == F16 and KEEP_STATIONARIES:
-            a = _f32(run, st, a)
-        return _fp32_matrix(a, K, M)
+        return _fp32_matrix(_f32(run, st, a), K, M)
     # (an fp32 view is copied; a conversion is a fresh array already, made compact if needed)
     v = _kept(run, st, a, "stationary", lambda: (
         np.array(a, order="C") if a.dtype == F32 else
@@ -1024,12 +1022,11 @@ def _f32(run, t, a) -> np.ndarray:
     (A trn2 course solution reloads a 224-column row tile before every three 222-column
     windows: the mirror at the second read widens 446 columns instead of 666; its 7,992
     widenings took 0.43-0.57 s against 0.53-0.62 with a threshold of twice the size.)
-    Not for the tiles ``_kept`` leaves out (direct allocations, unpoisoned, not SBUF, a
-    gathered view) nor a storage that is not one C-contiguous array."""
-    root = t.root
-    if not KEEP_STATIONARIES or root.direct or root.unpoisoned is not None or \
-            root.buffer != "sbuf" or a.dtype != F16 or not np.may_share_memory(a, t._arr):
+    Not for the views ``_keepable`` leaves out nor a storage that is not one C-contiguous
+    array; other dtypes are widened as they are."""
+    if a.dtype != F16 or not _keepable(t, a):
         return dtypes.to_f32(a)
+    root = t.root
     store = a.base if a.base is not None else a
     if type(store) is not np.ndarray or store.dtype != F16 or not store.flags.c_contiguous or \
             not a.ndim or a.strides[-1] != 2:
@@ -1074,20 +1071,27 @@ def _f32(run, t, a) -> np.ndarray:
                       strides=tuple(s * 2 for s in a.strides))
 
 
+def _keepable(t, a) -> bool:
+    """Whether a copy computed from ``a`` (the values of view ``t`` as ``read`` gave them) may
+    be kept until the tile's next write (``_kept``, ``_f32``): not with the copies turned off
+    (``KEEP_STATIONARIES``), nor for the direct allocations (``address=``: views of one SBUF
+    array that other tiles alias), a tile whose unwritten elements have not been poisoned yet
+    (the poison lands later, with no write), non-SBUF tiles, or values ``read`` gathered into
+    a fresh array (an advanced index: its address may be reused by another gather)."""
+    root = t.root
+    return KEEP_STATIONARIES and not root.direct and root.unpoisoned is None and \
+        root.buffer == "sbuf" and np.may_share_memory(a, t._arr)
+
+
 def _kept(run, t, a, kind, make):
     """``make()``, an array computed from ``a`` (the values of view ``t`` as ``read`` gave
     them), kept per run for that view (``kind``, ``a``'s address, shape, strides and dtype)
     with ``t``'s tile identity and write count (``root.id``, ``root.version``: every write to
     the tile, through any view, checked or not, counts in ``tensor._write_begin``), so any
-    write retires it; None (nothing kept: the caller computes) for the views that cannot be
-    keyed so. Those are the direct allocations (``address=``: views of one SBUF array that
-    other tiles alias), a tile whose unwritten elements have not been poisoned yet (the
-    poison lands later, with no write), non-SBUF tiles, and values ``read`` gathered into a
-    fresh array (an advanced index: its address may be reused by another gather)."""
-    root = t.root
-    if root.direct or root.unpoisoned is not None or root.buffer != "sbuf" or \
-            not np.may_share_memory(a, t._arr):
+    write retires it; None (nothing kept: the caller computes) where ``_keepable`` says no."""
+    if not _keepable(t, a):
         return None
+    root = t.root
     cache = run.stationaries
     key = (kind, a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
     hit = cache.get(key)
@@ -1244,7 +1248,7 @@ def nc_transpose(data, *, mask=None, dtype=None, engine=engine.unknown, **kwargs
             raise nki_error("err_transpose_on_tensor_engine_not_allowed_in_allocated_kernel")
     a = read(x, api, run)
     v = None
-    if eng == TENSOR and KEEP_STATIONARIES:
+    if eng == TENSOR:
         # Kernels transpose the same weights again and again (``nl.matmul(w, x)`` inserts a
         # Tensor Engine transpose of ``w`` at every call), often a view with no unit stride
         # (``w[:, :, ci, tap]`` of a (128, 128, 2, 9) tile: strides 72 and 9216 bytes), whose

@@ -1846,7 +1846,7 @@ def _write_begin(t: Tensor, vals, api, accumulate, mask, run, add):
     root = t.root
     if root.param and not root.mutable and "inputs" in run.checks:
         raise nki_error("err_cannot_update_immutable_parameter", name=root.name)
-    root.version += 1       # (retires the copies nc_matmul keeps: engines._stationary)
+    root.version += 1       # (retires the kept operand copies: engines._kept, engines._f32)
     if t._slots is not None:
         raise nki_error("err_failed_to_infer_tile_from_local_tensor", name=t.name)
     if t._oob is not None:
