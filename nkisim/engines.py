@@ -527,6 +527,8 @@ def tensor_reduce(op, data, axis, *, mask=None, dtype=None, negate=False, keepdi
         raise nki_error("nkisim_invalid_argument", api=api,
                         why="negate is only supported for arithmetic ops")
     axes = reduce_axes(x, axis, api)
+    if len(axes) > 1 and sorted(axes) != list(range(min(axes), min(axes) + len(axes))):
+        _reduce_axes_rule(run, axis, api)
     v = read(x, api, run).reshape(_tile_shape(x))
     if not bitvec:
         v = dtypes.to_f32(v)
@@ -540,6 +542,23 @@ def tensor_reduce(op, data, axis, *, mask=None, dtype=None, negate=False, keepdi
     detail.update(alu=name, in_free=math.prod(_tile_shape(x)[1:]))
     return result_tile(run, shape, dtype or x.dtype, np.asarray(out).reshape(shape), api,
                        VECTOR, (x,), detail, mask=out_mask)
+
+
+def _reduce_axes_rule(run, axis, api):
+    """``nisa.tensor_reduce`` over axes that are not consecutive. The Beta 1 docs
+    (nki.isa.tensor_reduce, SDK 2.26): "the reduction axes must be consecutive: e.g., [1, 2, 3,
+    4] is a legal ``axis`` field, but [1, 3, 4] is not". Yet AWS's own Beta 1 example reduces
+    ``nl.max(..., axis=[2, 4])`` (reference §6.3), and an access pattern can present any set
+    of free axes as the innermost ones, so whether the device rejects it is not known: a
+    tolerated rule (an error in strict mode), values as NumPy reduces them. Which consecutive
+    axes are legal is left alone: the same page says both "must contain axis 1" and "the last
+    contiguous dim(s)" (the current nki face enforces its own docs' trailing rule)."""
+    run.rule(("tensor_reduce_axes",),
+             f"{api} axis={list(axis)} is not a run of consecutive free axes",
+             "the reduction axes must be consecutive: e.g., [1, 2, 3, 4] is a legal axis field, "
+             "but [1, 3, 4] is not",
+             "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/general/nki/api/"
+             "generated/nki.isa.tensor_reduce.html")
 
 
 @into_target(unless=("reduce_res",))

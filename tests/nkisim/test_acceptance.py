@@ -314,3 +314,33 @@ def test_reduction_mask_on_the_input_free_index(op):
     np.testing.assert_allclose(got[:, 0], want0, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got[:100, 1], want1[:100], rtol=1e-5, atol=1e-6)
     assert (got[100:, 1] == 0).all()           # masked-out rows keep the zeros
+
+
+def test_tensor_reduce_over_non_consecutive_axes_is_a_tolerated_rule():
+    """nki.isa.tensor_reduce (SDK 2.26): "the reduction axes must be consecutive: e.g., [1, 2,
+    3, 4] is a legal axis field, but [1, 3, 4] is not"; AWS's own `nl.max(..., axis=[2, 4])`
+    example breaks it for the nl reduction, and what the device does with the nisa one is not
+    known: a warning quoting the rule (strict mode: the error), NumPy's values. A 2x2 max pool
+    of a (P, 4x8) tile written as axis=[2, 4] of a (P, 2, 2, 4, 2) view; consecutive axes
+    (axis=[3, 4] of the same view) warn nothing."""
+    def body(a):
+        out = nl.ndarray((128, 2, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.load(a)
+        nl.store(out, nisa.tensor_reduce(nl.max, t.reshape((128, 2, 2, 4, 2)), axis=[2, 4]))
+        return out
+
+    def consecutive(a):
+        out = nl.ndarray((128, 2, 2), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.load(a)
+        nl.store(out, nisa.tensor_reduce(nl.max, t.reshape((128, 2, 2, 4, 2)), axis=[3, 4]))
+        return out
+
+    a = RNG.standard_normal((128, 32)).astype(np.float32)
+    with pytest.warns(NKIRuleWarning, match=r"axis=\[2, 4\] is not a run of consecutive"):
+        got = simulate(nki.jit(body), (a,), {})
+    assert np.array_equal(got, a.reshape(128, 2, 2, 4, 2).max(axis=(2, 4)))
+    with pytest.raises(ValueError, match="strict mode") as ei:
+        run(body, a, strict=True)
+    assert ei.value.nki_code == "nkisim_strict_rule"
+    assert np.array_equal(run(consecutive, a, strict=True),
+                          a.reshape(128, 2, 2, 4, 2).max(axis=(3, 4)))
