@@ -184,6 +184,16 @@ ERRORS: dict[str, tuple[type[Exception], str]] = {
         ValueError, "loop-carried dependency in {loop}: '{api}' at {where} in {it} reads "
         "`{name}{region}`, written by {other}; the iterations may run in any order on the "
         "device: give each iteration its own tile or slice, or use nl.sequential_range"),
+    # a Python number a Beta 1 loop body reads and changes (nkisim.frontend.carried_names):
+    # the front end runs the body once, so the device's every iteration sees its value from
+    # before the loop (NKI migration guide, "Consistent control flow behavior")
+    "nkisim_python_state_in_loop": (
+        ValueError, "Python variable `{name}` changes from one iteration of the `{var}` loop "
+        "({kind} at {where}) to the next ({before!r}, then {after!r}): the NKI Beta 1 front end "
+        "runs a loop body once, with a symbolic `{var}` (\"loops were only executed once by the "
+        "Python evaluator\", NKI migration guide), so on the device every iteration sees `{name}` "
+        "as it was before the loop; compute it from `{var}` (e.g. `{var} * 128`), or unroll the "
+        "loop with nl.static_range"),
     "nkisim_unsupported": (NotImplementedError, "{what} is not supported by nkisim: {why}"),
     # a documented rule the device tolerates, made an error by strict mode (see NKIRuleWarning)
     "nkisim_strict_rule": (

@@ -88,3 +88,163 @@ def rewrite_mask_boolops(func):
     new.__kwdefaults__ = func.__kwdefaults__
     new.__nkisim_rewritten__ = True
     return new
+
+
+# ---------------------------------------------------------------------------------------------
+# Python state carried across the iterations of a traced loop (NKI Beta 1)
+#
+# The Beta 1 front end runs a loop body once, with a symbolic loop variable: "In NKI 0.1.0,
+# range iterators were converted into special objects that allowed the eDSL to capture the
+# loop body. Because of this, loops were only executed once by the Python evaluator" (NKI
+# migration guide, "Consistent control flow behavior": `val += 1` in `for i in range(8)`
+# "will print 1 in NKI 0.1.0"; reference §1.9). nkisim runs the body once per iteration, so a
+# Python number the body reads and then changes (`off` in `a[off:off + 128]; off += 128`) takes
+# a new value in every iteration here, and its value from before the loop in every iteration
+# on the device. `carried_names` finds the candidates in the source; nkisim.ops._loop watches
+# their values.
+
+_CARRIED: dict = {}    # code object -> {line of a `for` statement: (names, loop variable)}
+
+
+def carried_names(code, line) -> tuple:
+    """``(names, variable)``: the names the body of the ``for`` statement at ``line`` of
+    ``code`` reads before any assignment in the body (so their value comes from before the loop
+    or from the previous iteration), assigns somewhere in the body, and reads other than to
+    update them (``off += 128`` alone does not count; ``a[off:off + 128]`` does), and the loop
+    variable's source. ``((), "")`` when the source is not available or nothing is carried."""
+    table = _CARRIED.get(code)
+    if table is None:
+        table = _CARRIED[code] = _loop_table(code)
+    return table.get(line, ((), ""))
+
+
+def _loop_table(code) -> dict:
+    try:
+        lines, first = inspect.getsourcelines(code)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return {}
+    fn = tree.body[0] if tree.body else None
+    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return {}
+    table = {}
+    offset = (first or 1) - 1
+    for node in _own_nodes(fn.body):
+        if isinstance(node, ast.For):
+            names = _carried(node)
+            if names:
+                entry = (names, ast.unparse(node.target))
+                for ln in range(node.lineno, node.iter.end_lineno + 1):
+                    table[ln + offset] = entry
+    return table
+
+
+def _own_nodes(stmts):
+    """Every node of ``stmts`` outside nested function, lambda and class bodies."""
+    todo = list(stmts)
+    while todo:
+        node = todo.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda,
+                                      ast.ClassDef)):
+                todo.append(child)
+
+
+def _carried(loop) -> tuple:
+    exposed, stored, used = set(), set(), set()
+    _scan(loop.body, set(_targets(loop.target)), exposed, stored, used)
+    return tuple(sorted(exposed & stored & used))
+
+
+def _targets(node) -> list:
+    return [n.id for n in ast.walk(node) if isinstance(n, ast.Name)]
+
+
+def _loads(node, exposed, defined, used, updated=()):
+    """Record the names ``node`` reads: exposed when not yet defined in this iteration, used
+    unless only to update themselves (``updated``: the statement's own targets) or to place a
+    direct allocation. AWS's CI-tested reference/allocated_attention.py (nki-samples fc5c69f)
+    bumps ``cur_addr`` after every ``ncc.sbuf.mod_alloc(base_addr=cur_addr)`` in an
+    ``affine_range`` body, and nkisim already gives such an allocation the traced body's
+    address, its first iteration's (``nkisim.tensor._traced_base``): those reads change
+    nothing."""
+    alloc = set()
+    for n in _own_nodes([node]):
+        if isinstance(n, ast.Call) and _called(n.func).endswith("alloc"):
+            alloc.update(id(m) for m in ast.walk(n))
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
+            if n.id not in defined:
+                exposed.add(n.id)
+            if n.id not in updated and id(n) not in alloc:
+                used.add(n.id)
+
+
+def _called(func) -> str:
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+
+
+def _scan(stmts, defined, exposed, stored, used):
+    """One pass over a body in execution order; a name assigned inside a nested block counts
+    as assigned but not as defined after that block (the block may not run)."""
+    for s in stmts:
+        if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            defined.add(s.name)
+        elif isinstance(s, (ast.For, ast.AsyncFor)):
+            _loads(s.iter, exposed, defined, used)
+            names = _targets(s.target)
+            stored.update(names)
+            _scan(s.body, defined | set(names), exposed, stored, used)
+            _scan(s.orelse, set(defined), exposed, stored, used)
+        elif isinstance(s, ast.While):
+            _loads(s.test, exposed, defined, used)
+            _scan(s.body, set(defined), exposed, stored, used)
+            _scan(s.orelse, set(defined), exposed, stored, used)
+        elif isinstance(s, ast.If):
+            _loads(s.test, exposed, defined, used)
+            _scan(s.body, set(defined), exposed, stored, used)
+            _scan(s.orelse, set(defined), exposed, stored, used)
+        elif isinstance(s, (ast.With, ast.AsyncWith)):
+            for item in s.items:
+                _loads(item.context_expr, exposed, defined, used)
+                if item.optional_vars is not None:
+                    names = _targets(item.optional_vars)
+                    stored.update(names)
+                    defined.update(names)
+            _scan(s.body, defined, exposed, stored, used)
+        elif isinstance(s, ast.Try):
+            _scan(s.body, set(defined), exposed, stored, used)
+            for h in s.handlers:
+                _scan(h.body, set(defined), exposed, stored, used)
+            _scan(s.orelse, set(defined), exposed, stored, used)
+            _scan(s.finalbody, set(defined), exposed, stored, used)
+        elif isinstance(s, ast.AugAssign):
+            names = _targets(s.target) if isinstance(s.target, ast.Name) else []
+            _loads(s.value, exposed, defined, used)
+            _loads(s.target, exposed, defined, used)       # (a subscript's own names)
+            for name in names:                              # `x += ...` reads x to update it
+                if name not in defined:
+                    exposed.add(name)
+            stored.update(names)
+            defined.update(names)
+        elif isinstance(s, (ast.Assign, ast.AnnAssign)):
+            targets = s.targets if isinstance(s, ast.Assign) else [s.target]
+            names = [t.id for t in targets if isinstance(t, ast.Name)]
+            if s.value is not None:
+                _loads(s.value, exposed, defined, used, updated=names)
+            for t in targets:
+                if not isinstance(t, ast.Name):
+                    _loads(t, exposed, defined, used)       # `a[i] = ...`, `x, y = ...`
+                    for n in _targets(t):
+                        if isinstance(t, (ast.Tuple, ast.List)):
+                            stored.add(n)
+                            defined.add(n)
+            if s.value is not None or isinstance(s, ast.Assign):
+                stored.update(names)
+                defined.update(names)
+        else:
+            _loads(s, exposed, defined, used)
+            for n in _own_nodes([s]):
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                    stored.add(n.id)            # (walrus, import, ...)
+                    defined.add(n.id)

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import builtins
 import math
+import os
 import sys
 
 import ml_dtypes
 import numpy as np
 
-from . import context, dtypes, tensor
+from . import context, dtypes, frontend, tensor
 from .access import access_pattern, dynamic_select, vector_select  # noqa: F401 - Tensor.ap
 from .context import Loop as _Loop
 from .dstform import into_target
@@ -378,8 +379,15 @@ def _loop(kind, args, make_index, api=None):
     stack.append(loop)
     memory = run.memory
     epochs, scope = run.epochs, loop.scope
+    # Beta 1 traces the body once (frontend.carried_names): watch the Python numbers its
+    # source carries from one iteration to the next, if any
+    carried = frontend.carried_names(f.f_code, f.f_lineno) if (
+        make_index is LoopIndex and f is not None) else None
+    seen = None
     try:
         for i in r:
+            if carried is not None and carried[0]:
+                seen = _carried_values(loop, f, carried, seen, i, api)
             if scope:                          # (tiles allocated in the previous iteration)
                 memory.end_iteration(loop)
             loop.iteration = i
@@ -400,6 +408,26 @@ def _loop(kind, args, make_index, api=None):
         elif loop in stack:
             stack.remove(loop)
         run.epoch = loop.parent_epoch
+
+
+def _carried_values(loop, frame, carried, seen, i, api) -> dict:
+    """The numbers among the loop body's carried names (``frontend.carried_names``) as
+    iteration ``i`` starts; raises ``nkisim_python_state_in_loop`` when one changed since the
+    previous iteration started (the device's traced body sees its value from before the loop
+    in every iteration)."""
+    names, var = carried
+    local = frame.f_locals
+    now = {}
+    for name in names:
+        v = local.get(name)
+        if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(
+                v, (bool, LoopIndex)):
+            now[name] = v
+            if seen is not None and name in seen and seen[name] != v:
+                raise nki_error("nkisim_python_state_in_loop", name=name, var=var or "?",
+                                kind=api, where=f"{os.path.basename(loop.file)}:{loop.line}",
+                                before=seen[name], after=v)
+    return now
 
 
 def affine_range(*args, **kwargs):

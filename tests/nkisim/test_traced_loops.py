@@ -1,0 +1,137 @@
+"""Python state carried across the iterations of a Beta 1 loop (nkisim.frontend.carried_names,
+nkisim.ops._loop).
+
+Truth: the NKI migration guide, "Consistent control flow behavior" (aws-neuron-sdk 2.32,
+nki/migration/index.rst): "In NKI 0.1.0, range iterators were converted into special objects
+that allowed the eDSL to capture the loop body. Because of this, loops were only executed once
+by the Python evaluator": `val += 1` in `for i in range(8)` "will print 1 in NKI 0.1.0, prints 8
+in NKI 0.2.0" (reference §1.9). So on the device a Beta 1 body that reads a Python number and
+then changes it sees the number's value from before the loop in every iteration; nkisim runs
+every iteration and must say so instead of computing what the device does not. Valid loops
+(values computed from the loop variable, names reset in the body, nl.static_range, the current
+nki dialect) run as before, with NumPy's values.
+"""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from nkisim import NKIWarning, frontend
+from nkisim import beta1 as nki
+from nkisim import nki as nki_new
+from nkisim.beta1 import isa as nisa
+from nkisim.beta1 import language as nl
+from nkisim.nki import language as nnl
+from nkisim.runtime import simulate
+
+RNG = np.random.default_rng(31)
+A = RNG.random(1024, dtype=np.float32)
+B = RNG.random(1024, dtype=np.float32)
+
+
+def run(body, *args):
+    """Simulate ``body`` with every check on and NKI warnings as errors."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NKIWarning)
+        return simulate(nki.jit(body), args, {}, checks_spec="all")
+
+
+def counter_add(loop):
+    def body(a, b):
+        out = nl.ndarray((1024,), dtype=a.dtype, buffer=nl.shared_hbm)
+        off = 0
+        for m in loop(8):                        # noqa: B007 (named in the message)
+            x = nl.load(a[off:off + 128])
+            y = nl.load(b[off:off + 128])
+            nl.store(out[off:off + 128], nl.add(x, y))
+            off += 128
+        return out
+    return body
+
+
+@pytest.mark.parametrize("loop", [nl.affine_range, nl.sequential_range])
+def test_a_counter_the_body_reads_and_bumps_is_an_error(loop):
+    with pytest.raises(ValueError) as ei:
+        run(counter_add(loop), A, B)
+    e = ei.value
+    assert e.nki_code == "nkisim_python_state_in_loop"
+    msg = str(e)
+    assert "Python variable `off` changes from one iteration of the `m` loop" in msg
+    assert "(0, then 128)" in msg and loop.__name__ in msg
+    assert "every iteration sees `off` as it was before the loop" in msg
+
+
+def test_static_range_is_unrolled_so_the_counter_is_fine():
+    # nl.static_range: "fully unrolled at trace time (loop var is a Python int)" (ref §1.9)
+    np.testing.assert_array_equal(run(counter_add(nl.static_range), A, B), A + B)
+
+
+def test_the_current_dialect_runs_python_loops_as_python():
+    # NKI 0.2+: "prints 8 in NKI 0.2.0" (the same guide)
+    def body(a, b):
+        out = nnl.ndarray((1024,), dtype=a.dtype, buffer=nnl.shared_hbm)
+        off = 0
+        for _ in nnl.affine_range(8):
+            x = nnl.load(a[off:off + 128])
+            y = nnl.load(b[off:off + 128])
+            nnl.store(out[off:off + 128], nnl.add(x, y))
+            off += 128
+        return out
+
+    np.testing.assert_array_equal(nki_new.simulate(nki_new.jit(body))(A, B), A + B)
+
+
+def test_a_value_assigned_after_its_use_is_carried_too():
+    # the body reads `off` before assigning it: the traced body reads the value from before
+    # the loop (0) in every iteration, although `(m + 1) * 128` is computed from m
+    def body(a, b):
+        out = nl.ndarray((1024,), dtype=a.dtype, buffer=nl.shared_hbm)
+        off = 0
+        for m in nl.affine_range(8):
+            nl.store(out[off:off + 128], nl.add(nl.load(a[off:off + 128]),
+                                               nl.load(b[off:off + 128])))
+            off = (m + 1) * 128
+        return out
+
+    with pytest.raises(ValueError, match="`off` changes from one iteration"):
+        run(body, A, B)
+
+
+def test_values_computed_from_the_loop_variable_and_reset_names_run():
+    def body(a, b):
+        out = nl.ndarray((1024,), dtype=a.dtype, buffer=nl.shared_hbm)
+        off = 0
+        count = 0
+        width = 64
+        for i in nl.affine_range(4):
+            for j in nl.affine_range(2):
+                off = i * 256 + j * 128          # assigned before it is read
+                step = 0
+                step += 2 * width                # reset, then updated: the same every time
+                x = nl.load(a[off:off + step])
+                y = nl.load(b[off:off + step])
+                nl.store(out[off:off + step], nisa.tensor_tensor(x, y, op=nl.add))
+            count += 1                           # changed but never read otherwise
+        return out
+
+    np.testing.assert_array_equal(run(body, A, B), A + B)
+
+
+def test_carried_names_reads_the_source():
+    def k(a):
+        off = 0
+        total = 0
+        for m in nl.affine_range(4):             # noqa: B007
+            x = a[off]
+            off += 128
+            total += 1
+            y = 0
+            y += x
+            z = y
+        return z, total
+
+    code = k.__code__
+    line = code.co_firstlineno + 3
+    assert frontend.carried_names(code, line) == (("off",), "m")
+    assert frontend.carried_names(code, line + 1) == ((), "")
