@@ -157,6 +157,20 @@ def _contiguous(t: Tensor) -> bool:
     return t._idx is None and a is not None and (a.ndim == 0 or a.strides[-1] == a.itemsize)
 
 
+class _NoMask:
+    """The default of the nl wrappers' ``mask`` parameter, telling "not passed" from an explicit
+    ``mask=None``, which the nki 0.3+ signatures reject like any ``mask=`` (keywords_check).
+    Shown as ``None``, the default Beta 1's signatures document."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        return "None"
+
+
+NO_MASK = _NoMask()
+
+
 def _mask(mask, shape):
     if mask is None:
         return None
@@ -757,12 +771,11 @@ def load_transpose2d(src, *, mask=None, dtype=None, **kwargs):
 
 
 @into_target
-def copy(src, *rest, mask=None, dtype=None, buffer=None, **kwargs):
+def copy(src, *rest, mask=NO_MASK, dtype=None, buffer=None, **kwargs):
     """SBUF/PSUM -> a new SBUF tile (e.g. PSUM evacuation with a cast)."""
     if rest:
         dtype, = positional_check("copy", 1, rest, ("dtype",), (dtype,))
-    if mask is not None or kwargs:
-        keywords_check("copy", mask, kwargs)
+    mask = keywords_check("copy", mask, kwargs) if mask is not NO_MASK or kwargs else None
     run = context.current()
     x = _tile(src, "copy", "src")
     vals = read(x, "copy", run)
@@ -1027,16 +1040,18 @@ def _binary(name, x, y, dtype, mask):
                        mask=_mask(mask, shape), fresh=fresh)
 
 
-def keywords_check(api, mask, kwargs) -> None:
+def keywords_check(api, mask, kwargs):
     """nki 0.3+ wrappers have no ``mask=`` ("no dtype= and no mask= on any ISA op", RN 2.27;
     the nl wrappers' 0.3.0+ signatures have none either) and, from 2.28, "unknown kwargs raise
     `unexpected keyword argument`" (spec nki-current §2.0 items 2 and 5): Python's TypeError
-    under that face's rules (``Rules.strict_keywords``). Beta 1's signatures take ``mask=`` and
-    ``**kwargs``. Called only when the op got a mask or an extra keyword."""
+    under that face's rules (``Rules.strict_keywords``), for any ``mask=``, ``mask=None``
+    included (a parameter the signature lacks). Beta 1's signatures take ``mask=`` and
+    ``**kwargs``. Called only when the op got ``mask=`` (its default is ``NO_MASK``) or an
+    extra keyword; returns the mask to apply (None when not passed)."""
     run = context.maybe_current()
     if run is None or not run.rules.strict_keywords:
-        return
-    bad = "mask" if mask is not None else sorted(kwargs)[0]
+        return None if mask is NO_MASK else mask
+    bad = "mask" if mask is not NO_MASK else sorted(kwargs)[0]
     raise TypeError(f"nl.{api}() got an unexpected keyword argument '{bad}'" +
                     (" (NKI 0.2.0 removed mask=: slice the operands to the region instead)"
                      if bad == "mask" else ""))
@@ -1061,11 +1076,10 @@ def positional_check(api, fixed, rest, names, given) -> tuple:
 
 
 def _make_binary(name):
-    def op(x, y, *rest, dtype=None, mask=None, **kwargs):
+    def op(x, y, *rest, dtype=None, mask=NO_MASK, **kwargs):
         if rest:
             dtype, = positional_check(name, 2, rest, ("dtype",), (dtype,))
-        if mask is not None or kwargs:
-            keywords_check(name, mask, kwargs)
+        mask = keywords_check(name, mask, kwargs) if mask is not NO_MASK or kwargs else None
         return _binary(name, x, y, dtype, mask)
     op.__name__ = op.__qualname__ = name
     op.__doc__ = f"Element-wise ``{name}`` of two tiles (or a tile and a scalar), ref §1.8."
@@ -1201,11 +1215,10 @@ def _unary(name, x, dtype, mask):
 
 
 def _make_unary(name):
-    def op(x, *rest, dtype=None, mask=None, **kwargs):
+    def op(x, *rest, dtype=None, mask=NO_MASK, **kwargs):
         if rest:
             dtype, = positional_check(name, 1, rest, ("dtype",), (dtype,))
-        if mask is not None or kwargs:
-            keywords_check(name, mask, kwargs)
+        mask = keywords_check(name, mask, kwargs) if mask is not NO_MASK or kwargs else None
         return _unary(name, x, dtype, mask)
     op.__name__ = op.__qualname__ = name
     op.__doc__ = f"Element-wise ``{name}`` on ScalarE (ref §1.8)."
@@ -1375,12 +1388,11 @@ def _reduce(name, x, axis, dtype, mask, keepdims):
 
 
 def _make_reduce(name):
-    def op(x, axis, *rest, dtype=None, mask=None, keepdims=False, **kwargs):
+    def op(x, axis, *rest, dtype=None, mask=NO_MASK, keepdims=False, **kwargs):
         if rest:
             dtype, keepdims = positional_check(name, 2, rest, ("dtype", "keepdims"),
                                                (dtype, keepdims))
-        if mask is not None or kwargs:
-            keywords_check(name, mask, kwargs)
+        mask = keywords_check(name, mask, kwargs) if mask is not NO_MASK or kwargs else None
         return _reduce(name, x, axis, dtype, mask, keepdims)
     op.__name__ = op.__qualname__ = name
     op.__doc__ = f"``{name}`` over free axes on VectorE (ref §1.8)."
@@ -1396,12 +1408,11 @@ all = _make_reduce("all")  # noqa: A001
 var = _make_reduce("var")
 
 
-def where(condition, x, y, *rest, dtype=None, mask=None, **kwargs):
+def where(condition, x, y, *rest, dtype=None, mask=NO_MASK, **kwargs):
     """Select ``x`` where ``condition`` else ``y`` (VectorE)."""
     if rest:
         dtype, = positional_check("where", 3, rest, ("dtype",), (dtype,))
-    if mask is not None or kwargs:
-        keywords_check("where", mask, kwargs)
+    mask = keywords_check("where", mask, kwargs) if mask is not NO_MASK or kwargs else None
     run = context.current()
     c = _tile(condition, "where", "condition")
     cv = read(c, "where", run).reshape(_tile_shape(c)) != 0
@@ -1429,9 +1440,8 @@ def where(condition, x, y, *rest, dtype=None, mask=None, **kwargs):
 
 
 
-def softmax(x, axis, *, dtype=None, mask=None, **kwargs):
-    if mask is not None or kwargs:
-        keywords_check("softmax", mask, kwargs)
+def softmax(x, axis, *, dtype=None, mask=NO_MASK, **kwargs):
+    mask = keywords_check("softmax", mask, kwargs) if mask is not NO_MASK or kwargs else None
     run = context.current()
     t = _tile(x, "softmax", "x")
     axes = reduce_axes(t, axis, "softmax")

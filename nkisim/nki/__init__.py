@@ -24,7 +24,9 @@ import numpy as np
 
 from .. import context as _context
 from .. import runtime as _runtime
+from ..errors import NKIRuleWarning as _NKIRuleWarning
 from ..errors import nki_error as _nki_error
+from ..errors import rule_text as _rule_text
 from ..tensor import Tensor as tensor  # noqa: F401 - annotations: `x: nki.tensor`
 from . import _version, collectives, isa, language, typing  # noqa: F401
 
@@ -200,6 +202,7 @@ def simulate(kernel):
 
 def _launch(k: Kernel, args, kwargs):
     _check_no_beta1(k.func)
+    _check_language_restrictions(k.func, args, kwargs)
     torch_in = [a for a in (*args, *kwargs.values()) if _is_torch(a)]
     if torch_in:
         args = tuple(_from_torch(a) for a in args)
@@ -269,12 +272,17 @@ def _check_no_beta1(func, seen=None, depth=0) -> None:
     NKI 0.4.0 "use of neuronxcc.nki.* inside NKI kernels is a compile error" (0.3: a warning).
     A name is neuronxcc's when the module's source binds it with an ``import neuronxcc...`` /
     ``from neuronxcc... import`` statement (the shim serves those from nkisim.beta1, so the
-    objects alone cannot tell), or when it is a real neuronxcc module."""
+    objects alone cannot tell), or when it is a real neuronxcc module. An ``import neuronxcc...``
+    written inside the function's body is one too (its source's AST)."""
     seen = set() if seen is None else seen
     code = getattr(func, "__code__", None)
     if code is None or id(code) in seen or depth > 3:
         return
     seen.add(id(code))
+    # an import in the function's own body (0.4.0: "Using the deprecated neuronxcc.nki.*
+    # namespace inside NKI kernels now raises a compilation error", MIG 0.3->0.4)
+    for name, modname in _local_neuronxcc_imports(func).items():
+        _beta1_used(func, name, modname)
     glb = getattr(func, "__globals__", {})
     beta1 = _neuronxcc_names(glb.get("__file__"))
     for name in set(_code_names(code)):
@@ -302,23 +310,46 @@ def _neuronxcc_names(path) -> dict:
         return {}
     if key not in _SOURCE_NAMES:
         import ast
-        names = {}
         try:
             with open(path, encoding="utf-8") as f:
                 tree = ast.parse(f.read())
         except (OSError, SyntaxError, ValueError):
             tree = None
-        for node in ast.walk(tree) if tree is not None else ():
-            if isinstance(node, ast.Import):
-                for a in node.names:
-                    if a.name.split(".")[0] == "neuronxcc":
-                        names[a.asname or a.name.split(".")[0]] = a.name
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and \
-                    (node.module or "").split(".")[0] == "neuronxcc":
-                for a in node.names:
-                    names[a.asname or a.name] = f"{node.module}.{a.name}"
-        _SOURCE_NAMES[key] = names
+        _SOURCE_NAMES[key] = _neuronxcc_imports(tree) if tree is not None else {}
     return _SOURCE_NAMES[key]
+
+
+def _neuronxcc_imports(tree) -> dict:
+    """{bound name: module} of the ``import neuronxcc...`` / ``from neuronxcc... import``
+    statements anywhere in the AST ``tree``."""
+    import ast
+    names = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "neuronxcc":
+                    names[a.asname or a.name.split(".")[0]] = a.name
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and \
+                (node.module or "").split(".")[0] == "neuronxcc":
+            for a in node.names:
+                names[a.asname or a.name] = f"{node.module}.{a.name}"
+    return names
+
+
+_LOCAL_IMPORTS: dict = {}
+
+
+def _local_neuronxcc_imports(func) -> dict:
+    """{bound name: module} of the ``neuronxcc`` imports written inside ``func``'s own body
+    (nested functions included), from the AST of its source; {} without source."""
+    code = func.__code__
+    if code not in _LOCAL_IMPORTS:
+        names = {}
+        if any(n.split(".")[0] == "neuronxcc" for n in _code_names(code)):
+            found = _function_ast(func)
+            names = _neuronxcc_imports(found[0]) if found is not None else {}
+        _LOCAL_IMPORTS[code] = names
+    return _LOCAL_IMPORTS[code]
 
 
 def _code_names(code):
@@ -342,6 +373,138 @@ def _beta1_used(func, name, modname) -> None:
         "NKI kernels is deprecated (an error from NKI 0.4.0)", FutureWarning,
         code.co_filename, code.co_firstlineno, module=func.__module__,
         registry=func.__globals__.setdefault("__warningregistry__", {}))
+
+
+_FUNCTION_ASTS: dict = {}
+
+
+def _function_ast(func):
+    """``(node, first)``: the ``ast.FunctionDef`` of ``func``'s source and the file line of its
+    first source line (node line numbers count from 1 there), or None without source. Cached
+    per code object."""
+    code = func.__code__
+    if code not in _FUNCTION_ASTS:
+        import ast
+        import textwrap
+        found = None
+        try:
+            lines, first = inspect.getsourcelines(func)
+            tree = ast.parse(textwrap.dedent("".join(lines)))
+        except (OSError, TypeError, SyntaxError, ValueError):
+            tree = None
+        node = tree.body[0] if tree is not None and tree.body else None
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found = (node, max(first, 1))
+        _FUNCTION_ASTS[code] = found
+    return _FUNCTION_ASTS[code]
+
+
+# --- the 0.3-0.6 compiler's language restrictions (MIG 0.2->0.3, "Language restrictions") ------
+#
+# "The NKI 0.3.0 compiler has stricter validation": it "does not support the * separator in
+# kernel function signatures", "does not support Python's is / is not operators" and "does not
+# support list as a kernel argument type" (sdk232 nki/migration/index.rst, "Language
+# restrictions"; spec nki-current.md §1 row 0.3.0 and §2.0 item 5). That is the parser front end
+# of 0.3-0.6. 0.7.0's front end specializes kernels by Python tracing, where "meta-programming
+# gets full Python semantics" (spec §1, row 0.7.0); no document says 0.7 keeps these three
+# restrictions, so under 0.7 they are accepted.
+# What AWS's own code does: nki-library d2ad3a5 (2026-04-13, written for NKI 0.3.0, the release
+# benchmarks/conformance.py runs it under) has no `*` separator and no list default in any
+# function, and its transformer_tkg test passes `replica_groups` as a tuple of tuples although
+# the parameter is annotated List[List[int]]; but its CI-tested @nki.jit kernels test
+# `x is None` / `x is not None` throughout (core/attention/attention_cte.py: `if sliding_window
+# is None:`, `if k_prior is not None:`), and never `is` with another operand. So `is` against
+# None is a rule the compiler tolerates (a warning quoting it; an error with NKISIM_STRICT=1)
+# and any other `is` / `is not` is the error.
+
+_MIG_LINK = "https://awsdocs-neuron.readthedocs-hosted.com/en/latest/nki/migration/index.html"
+_IS_RULE = ("The NKI 0.3.0 compiler does not support Python's is / is not operators. These "
+            "operators check object identity, which is not meaningful during NKI compilation "
+            "tracing. Use == / != instead.")
+
+
+def _check_language_restrictions(func, args, kwargs) -> None:
+    """Under NKI 0.3-0.6: no ``*`` separator in the kernel's signature, no list argument, no
+    ``is`` / ``is not`` in the kernel's own body (against ``None``: a tolerated rule)."""
+    if _version.at_least(0, 7):
+        return
+    code = getattr(func, "__code__", None)
+    if code is None:
+        return
+    if code.co_kwonlyargcount and not code.co_flags & inspect.CO_VARARGS:
+        kwonly = code.co_varnames[code.co_argcount:code.co_argcount + code.co_kwonlyargcount]
+        raise _nki_error("nkisim_invalid_argument", api=_kernel_where(func),
+                         why=f"the keyword-only separator `*` before {', '.join(kwonly)}: the "
+                             "NKI 0.3.0 compiler does not support the * separator in kernel "
+                             "function signatures (NKI 0.3-0.6); move all parameters with "
+                             "defaults to the end of the signature")
+    for name, value in _kernel_arguments(func, args, kwargs):
+        if isinstance(value, list):
+            raise _nki_error("nkisim_invalid_argument", api=_kernel_where(func),
+                             why=f"argument `{name}` is a list ({value!r}): the NKI 0.3.0 "
+                                 "compiler does not support list as a kernel argument type "
+                                 "(NKI 0.3-0.6); convert list arguments to tuples at the call "
+                                 "site")
+    other, against_none = _identity_tests(func)
+    if other:
+        line, text = other[0]
+        raise _nki_error("nkisim_invalid_argument", api=_kernel_where(func),
+                         why=f"{text} at line {line}: the NKI 0.3.0 compiler does not support "
+                             "Python's is / is not operators (NKI 0.3-0.6); use == / != "
+                             "instead")
+    if against_none:
+        line, text = against_none[0]
+        more = f" (and {len(against_none) - 1} more)" if len(against_none) > 1 else ""
+        what = f"nki kernel {func.__name__} tests {text} at line {line}{more}"
+        if _context.strict_from_env():
+            raise _nki_error("nkisim_strict_rule", what=what, rule=_IS_RULE, link=_MIG_LINK)
+        if "warnings" in _context.parse_checks(os.environ.get("NKISIM_CHECKS")):
+            warnings.warn_explicit(
+                _rule_text(what, _IS_RULE, _MIG_LINK), _NKIRuleWarning, code.co_filename, line,
+                module=func.__module__,
+                registry=func.__globals__.setdefault("__warningregistry__", {}))
+
+
+def _kernel_where(func) -> str:
+    code = func.__code__
+    return f"nki kernel {func.__name__} " \
+           f"({inspect.getsourcefile(func) or code.co_filename}:{code.co_firstlineno})"
+
+
+def _kernel_arguments(func, args, kwargs):
+    """(parameter name, value) of a launch's arguments, the defaults it leaves included."""
+    try:
+        bound = inspect.signature(func).bind(*args, **kwargs)
+    except (TypeError, ValueError):       # the call itself raises Python's TypeError later
+        return [(f"arg{i}", a) for i, a in enumerate(args)] + list(kwargs.items())
+    bound.apply_defaults()
+    return list(bound.arguments.items())
+
+
+_IDENTITY_TESTS: dict = {}
+
+
+def _identity_tests(func) -> tuple:
+    """``(others, against_none)``: the ``is`` / ``is not`` comparisons in ``func``'s own body
+    (its source's AST; nested functions included), each ``(file line, source text)`` in line
+    order, those with a ``None`` operand apart. Cached per code object."""
+    code = func.__code__
+    if code not in _IDENTITY_TESTS:
+        import ast
+        others, against_none = [], []
+        found = _function_ast(func)
+        for c in ast.walk(found[0]) if found is not None else ():
+            if not isinstance(c, ast.Compare):
+                continue
+            operands = [c.left, *c.comparators]
+            for op, a, b in zip(c.ops, operands, operands[1:]):
+                if isinstance(op, (ast.Is, ast.IsNot)):
+                    text = f"`{ast.unparse(a)} {'is' if isinstance(op, ast.Is) else 'is not'} " \
+                           f"{ast.unparse(b)}`"
+                    none = any(isinstance(n, ast.Constant) and n.value is None for n in (a, b))
+                    (against_none if none else others).append((found[1] + c.lineno - 1, text))
+        _IDENTITY_TESTS[code] = (sorted(others), sorted(against_none))
+    return _IDENTITY_TESTS[code]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -4,7 +4,9 @@ experimental convenience wrappers (spec nki-current.md §2.2, §2.3).
 The op tokens ISA calls take (``op=nl.add``, ``op0=nl.maximum``, ``op=nl.exp``, ``op=nl.copy``)
 are the machine core's own functions (nkisim.ops), so the core's op-code tables accept them; called
 as wrappers they follow the rules of the release the face imitates (``nkisim.nki.rules``: no
-broadcasting, ``nl.copy``'s result buffer), which the core reads from the running kernel.
+broadcasting, ``nl.copy``'s result buffer), which the core reads from the running kernel. One is
+this face's own function, ``nl.rsqrt`` (0.5.0's PSUM rule): as an op code nki.isa takes it as
+the core's function of that name (``nki.isa._tok``).
 Everything else is defined here with the current signatures.
 """
 
@@ -20,6 +22,7 @@ import numpy as np
 
 from .. import context, dtypes
 from .. import ops as _ops
+from ..dstform import into_target
 from ..engines import require_nc_version
 from ..errors import nki_error
 from ..indexing import DynSlice, whole
@@ -78,7 +81,6 @@ from ..ops import (  # noqa: E402,F401
     reciprocal,
     relu,
     right_shift,
-    rsqrt,
     sigmoid,
     sign,
     silu,
@@ -99,8 +101,28 @@ from ..tensor import Buffer, Tensor
 from ..tensor import DirectAlloc as _DirectAlloc
 from ..tensor import allocate as _allocate
 from . import _version
+from .isa import _invalid
 
 bitwise_not = invert
+
+
+@into_target
+def rsqrt(x, dtype=None):
+    """``1 / sqrt(x)`` element-wise. From NKI 0.5.0 it "now runs on the GpSimd Engine for higher
+    numerical precision and no longer accepts PSUM inputs. If you need a PSUM input or Scalar
+    Engine throughput, call nki.isa.activation directly with the reciprocal-square-root op
+    instead" (migration guide 0.4 -> 0.5, "nki.language.rsqrt — PSUM inputs no longer
+    supported"; spec nki-current.md §1, 0.5.0: "`nl.rsqrt` no longer takes PSUM"): a PSUM ``x``
+    is then an ``NkiValidationError``, as GpSimd's "cannot access PSUM" is in nki.isa. 0.3 and
+    0.4 take it. As an op code (``nisa.activation(op=nl.rsqrt)``) it is the core's rsqrt
+    (nki.isa._tok), which takes PSUM."""
+    if _version.at_least(0, 5) and isinstance(x, Tensor) and x.root.buffer == "psum":
+        raise _invalid(f"nl.rsqrt x must be in SBUF, got PSUM tensor '{x.name}': since NKI "
+                       "0.5.0 nl.rsqrt runs on the GpSimd Engine and no longer accepts PSUM "
+                       "inputs; copy x to SBUF first (nl.copy), or call nisa.activation(dst, "
+                       "op=nl.rsqrt, data=x) for a PSUM input")
+    return _ops.rsqrt(x, dtype=dtype)
+
 
 # ---------------------------------------------------------------------------------------------
 # dtypes (STUB-R32 language: ``DType`` constants). nkisim's dtypes are NumPy's (bf16/fp8 from

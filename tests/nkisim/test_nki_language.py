@@ -32,8 +32,10 @@ def run(body, *arrays, **kw):
 # op tokens are the core's objects
 
 
+# (not nl.rsqrt: the face's own wrapper, for 0.5.0's "no longer accepts PSUM inputs"; as an op
+# code nki.isa takes it as the core's rsqrt, tests/nkisim/test_nki_face_gaps.py)
 @pytest.mark.parametrize("name", ["add", "subtract", "multiply", "maximum", "minimum", "exp",
-                                  "copy", "max", "sum", "rsqrt", "logical_and", "equal"])
+                                  "copy", "max", "sum", "logical_and", "equal"])
 def test_op_tokens_are_the_core_functions(name):
     assert getattr(nl, name) is getattr(ops, name)
 
