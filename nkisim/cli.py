@@ -16,6 +16,7 @@ import argparse
 import os
 import runpy
 import sys
+import traceback
 
 from . import __version__
 
@@ -71,6 +72,20 @@ def _run(args) -> int:
     except SystemExit as e:
         code = e.code
         return code if isinstance(code, int) else (0 if code is None else 1)
+    except ModuleNotFoundError as e:
+        missing = (e.name or "").split(".")[0]
+        if not missing or missing in ("nkisim", "neuronxcc", "nki"):
+            raise
+        # a package the user's script needs and this environment lacks (the course's
+        # part2/conv2d_numpy.py imports torch for its reference): one line, not a traceback
+        # through runpy and this module
+        frames = [f for f in traceback.extract_tb(e.__traceback__)
+                  if not f.filename.startswith("<") and "importlib" not in f.filename]
+        where = f" (imported at {os.path.relpath(frames[-1].filename)}:{frames[-1].lineno})" \
+            if frames else ""
+        print(f"nkisim run: {script} needs the Python package `{missing}`{where}, which is "
+              f"not installed here: pip install {missing}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -290,3 +290,15 @@ def test_nkisim_run_passes_exit_codes_and_argv(tmp_path):
     r = _nkisim_run(tmp_path, script, "--kernel", "tiled", "-n", "25600")
     assert r.returncode == 3
     assert r.stdout.strip() == "['--kernel', 'tiled', '-n', '25600']"
+
+
+def test_nkisim_run_names_a_package_the_script_lacks_in_one_line(tmp_path):
+    # the course's part2/conv2d_numpy.py imports torch for its reference; without it the user
+    # gets one line naming the package and the importing line, not a traceback through runpy
+    (tmp_path / "conv2d_numpy.py").write_text("import numpy as np\nimport no_such_pkg_xyz.nn\n")
+    r = _nkisim_run(tmp_path, "import conv2d_numpy\n")
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        f"nkisim run: {tmp_path / 'run_benchmark.py'} needs the Python package `no_such_pkg_xyz` "
+        "(imported at conv2d_numpy.py:2), which is not installed here: pip install "
+        "no_such_pkg_xyz"]
