@@ -53,6 +53,7 @@ import argparse  # noqa: E402
 import ast  # noqa: E402
 import contextlib  # noqa: E402
 import fnmatch  # noqa: E402
+import shlex  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -704,20 +705,75 @@ def cmd_list(args) -> int:
 
 # ---- case: one ad-hoc case (the reproduction command) ------------------------------------------
 
-def parse_params(text: str) -> dict:
-    """``batch=1,c_in=128,bias=True`` -> {"batch": 1, "c_in": 128, "bias": True}."""
+TRUE_WORDS = ("true", "yes", "on", "1")
+FALSE_WORDS = ("false", "no", "off", "0")
+
+
+def parse_bool(text: str) -> bool | None:
+    """``true/false``, ``yes/no``, ``on/off``, ``1/0`` (any case) -> bool; None for anything
+    else."""
+    word = text.strip().lower()
+    return True if word in TRUE_WORDS else False if word in FALSE_WORDS else None
+
+
+def param_types(kernel: str) -> dict:
+    """{key: type} of the parameters a kernel's cases take (fixtures/configs.py), in the
+    cases' order; empty for a kernel with no case (one registered with nkiverify.register)."""
+    types: dict = {}
+    for case in CASES:
+        if case.kernel == kernel:
+            for key, value in case.params.items():
+                types.setdefault(key, type(value))
+    return types
+
+
+def _param_value(key: str, value: str, kind):
+    """``value`` as the parameter ``key`` takes it (``kind``: its type, None when unknown)."""
+    words = TRUE_WORDS[:3] + FALSE_WORDS[:3]          # (a kernel of unknown keys: 1/0 stay ints)
+    if kind is bool or (kind is None and value.lower() in words):
+        parsed = parse_bool(value)
+        if parsed is None:
+            raise UsageError(f"--params: {key}={value}: expected a boolean (true/false, yes/no, "
+                             "on/off, 1/0)")
+        return parsed
+    if kind is int:
+        try:
+            return int(value)
+        except ValueError:
+            raise UsageError(f"--params: {key}={value}: expected an integer") from None
+    try:
+        return ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return value
+
+
+def parse_params(text: str, kernel: str | None = None) -> dict:
+    """``batch=1,c_in=128,bias=True`` -> {"batch": 1, "c_in": 128, "bias": True}. With
+    ``kernel``, the keys must be the ones its cases take (``param_types``), each once and all
+    of them, and each value of its type (a boolean: ``parse_bool``); else a UsageError naming
+    the kernel's keys."""
+    types = param_types(kernel) if kernel is not None else {}
     params = {}
     for part in text.split(","):
         if not part.strip():
             continue
         key, eq, value = part.partition("=")
-        if not eq or not key.strip():
+        key, value = key.strip(), value.strip()
+        if not eq or not key:
             raise UsageError(f"--params: expected KEY=VALUE pairs, got {part!r}")
-        try:
-            params[key.strip()] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            params[key.strip()] = value.strip()
-    return params
+        if key in params:
+            raise UsageError(f"--params: {key} given twice")
+        params[key] = value
+    if types:
+        unknown = [k for k in params if k not in types]
+        missing = [k for k in types if k not in params]
+        if unknown or missing:
+            what = "; ".join(
+                ([f"unknown {', '.join(repr(k) for k in unknown)}"] if unknown else [])
+                + ([f"missing {', '.join(repr(k) for k in missing)}"] if missing else []))
+            raise UsageError(f"--params: {kernel} takes {','.join(types)}; {what} "
+                             "(see nki-verify case --help)")
+    return {k: _param_value(k, v, types.get(k)) for k, v in params.items()}
 
 
 def cmd_case(args) -> int:
@@ -725,7 +781,7 @@ def cmd_case(args) -> int:
     if args.name not in registry.KERNELS:
         raise UsageError(f"KERNEL: unknown kernel {args.name!r}; known: "
                          f"{', '.join(registry.KERNELS)}")
-    params = parse_params(args.params)
+    params = parse_params(args.params, args.name)
     backend = _backend_or_usage(args.backend, args.target)
     _WORKER["backend"] = backend
     spec = registry.KERNELS[args.name]
@@ -851,9 +907,15 @@ def _course_latencies(args, quick: bool):
         configs.append(("transpose", {"m": 4096, "n": 4096}, "float32"))
     from nkisim import runtime
     backend = get_backend("nkisim", target=args.target)
-    for kernel, params, dtype in configs:
+    if configs:
+        print(f"nki-verify course: estimating the latency of {len(configs)} configurations "
+              f"on nkisim ({backend.target})", file=sys.stderr)
+    progress = _Progress(len(configs))
+    for i, (kernel, params, dtype) in enumerate(configs, 1):
         spec = registry.KERNELS[kernel]
         label = f"{kernel} {_describe(kernel, params, dtype)}"
+        progress.start(i, f"estimating {label}")
+        t0 = time.perf_counter()
         try:
             inputs = spec.inputs(params, dtype, seed=0, dist="uniform")
             fn = backend.load(spec.import_path)
@@ -862,9 +924,12 @@ def _course_latencies(args, quick: bool):
             sched, us = runtime.estimate(run)
             note = runtime.dge_range_note(run, sched)
         except Exception as exc:
+            progress.finish(i, f"estimating {label}", "not estimated",
+                            time.perf_counter() - t0)
             out.append((label, None, f"not estimated: {_one_line(exc)}",
                         (kernel, params, dtype)))
             continue
+        progress.finish(i, f"estimating {label}", f"{us:.1f} us", time.perf_counter() - t0)
         course = _course_threshold(kernel, params, dtype, args.target)
         verdict = f"no course threshold on {args.target}"
         if course is not None:
@@ -876,9 +941,12 @@ def _course_latencies(args, quick: bool):
     return out
 
 
-def _advice(failures_by_kernel) -> list[str]:
+def _advice(failures_by_kernel, target: str, backend: str = "nkisim") -> list[str]:
     """What to look at first, from the failure texts: the systematic-error hint (a missing
-    bias, an offset) first, as it names the cause; then the first reason."""
+    bias, an offset) first, as it names the cause; then the first reason. The rerun line
+    carries the run's target (``run`` would pick trn2 or $NKISIM_TARGET, not the checkout's
+    course; the target also decides how a vector add's output is read, registry
+    ``HARNESS_RESHAPES``) and its backend when not nkisim."""
     lines = []
     for kernel, items in failures_by_kernel.items():
         label, message = items[0]
@@ -890,8 +958,9 @@ def _advice(failures_by_kernel) -> list[str]:
         lines += [f"    {h}" for h in text if h.startswith("hint:")][:1]
         case_id, dtype = label.split()
         ref = registry.KERNELS[kernel].source
-        lines.append(f"    rerun: nki-verify run --kernel {kernel}={ref} --cases {case_id} "
-                     f"--dtypes {dtype}")
+        lines.append(f"    rerun: nki-verify run --kernel {shlex.quote(f'{kernel}={ref}')} "
+                     f"--cases {case_id} --dtypes {dtype} --target {target}"
+                     + (f" --backend {backend}" if backend != "nkisim" else ""))
     return lines
 
 
@@ -972,14 +1041,20 @@ def cmd_course(args) -> int:
                                     else verdict))
     if by_kernel:
         print("\nfix first:")
-        for line in _advice(by_kernel):
+        for line in _advice(by_kernel, args.target, args.backend):
             print(line)
     elif not interrupted:
-        print("\nevery case the course requires passed"
-              + (" (--quick: the large images were skipped)" if args.quick else ""))
+        if args.cases or args.quick:
+            # only the selected runs were checked: say so, not "every case" (of the course)
+            whole = len(_select(None, False, None, kernels=kernels, every_dtype=True))
+            by = " and ".join(["--cases"] * bool(args.cases) + ["--quick"] * args.quick)
+            print(f"\nevery case run that the course requires passed ({len(selected)} of the "
+                  f"course's {whole} case runs selected by {by}; the others were not run)")
+        else:
+            print("\nevery case the course requires passed")
     if beyond:
         print("\nbeyond the course's contract (not required; docs/course-contract.md):")
-        for line in _advice(beyond):
+        for line in _advice(beyond, args.target, args.backend):
             print(line)
     return 1 if by_kernel or interrupted else 0
 
@@ -1228,9 +1303,15 @@ def _parser() -> argparse.ArgumentParser:
     c.set_defaults(target=None)
     c.set_defaults(fn=cmd_course)
 
-    cs = sub.add_parser("case", help="run one case (reproduce a failure)")
+    keys = "\n".join(f"  {k:<9} {','.join(param_types(k))}" for k in KERNELS)
+    cs = sub.add_parser(
+        "case", help="run one case (reproduce a failure)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"--params keys (all required; booleans: true/false, yes/no, on/off, 1/0):\n"
+               f"{keys}\nthe values the shipped cases use: nki-verify list")
     cs.add_argument("name", metavar="KERNEL", help="kernel name (naive, ..., conv2d, yours)")
-    cs.add_argument("--params", required=True, help="KEY=VALUE,... e.g. batch=1,c_in=128,...")
+    cs.add_argument("--params", required=True,
+                    help="KEY=VALUE,... e.g. batch=1,c_in=128,... (each kernel's keys below)")
     cs.add_argument("--dtype", type=dtype_arg, default="float32")
     cs.add_argument("--seed", type=int, default=0)
     cs.add_argument("--dist", choices=registry.DISTS, default="uniform")

@@ -68,6 +68,10 @@ def one_line_error(r, *needles, code=2):
         assert needle in lines[0], lines[0]
 
 
+CONV = "batch=1,c_in=128,c_out=128,height=8,width=8,k=3,"
+CONV_KEYS = "batch,c_in,c_out,height,width,k,bias,pool"
+
+
 @pytest.mark.parametrize("args, needles", [
     (["--report", "/nonexistent/r.json"], ["--report /nonexistent/r.json",
                                            "directory /nonexistent does not exist"]),
@@ -84,12 +88,43 @@ def one_line_error(r, *needles, code=2):
     (["--cases", "nothing-matches"], ["no case matches"]),
     (["course", "/nonexistent"], ["DIR", "no such directory"]),
     (["case", "conv2d", "--params", "batch"], ["--params", "KEY=VALUE"]),
+    # a boolean that is none of true/false, yes/no, on/off, 1/0 (any case)
+    (["case", "conv2d", "--params", CONV + "bias=maybe,pool=2"],
+     ["--params", "bias=maybe", "expected a boolean"]),
+    (["case", "conv2d", "--params", "batch=one" + CONV[7:] + "bias=1,pool=2"],
+     ["--params", "batch=one", "expected an integer"]),
+    # a typo'd key (poool) once ran pool=2 silently; a missing one was a bare KeyError, exit 1
+    (["case", "conv2d", "--params", CONV + "bias=True,pool=2,poool=3"],
+     ["--params", "conv2d takes " + CONV_KEYS, "unknown 'poool'", "case --help"]),
+    (["case", "conv2d", "--params", "batch=1,c_in=128"],
+     ["--params", "conv2d takes " + CONV_KEYS, "missing 'c_out', 'height', 'width', 'k', "
+      "'bias', 'pool'"]),
+    (["case", "transpose", "--params", "n=256"], ["--params", "transpose takes m,n",
+                                                  "missing 'm'"]),
 ], ids=lambda v: " ".join(v) if isinstance(v, list) and v and v[0].startswith("-") or
     isinstance(v, list) and v and v[0] in ("bench", "course", "case") else None)
 def test_usage_errors_exit_2_with_one_line(args, needles, nkv_here):
     r = nkv_here(*args)
     one_line_error(r, *needles)
     assert "[1/" not in r.stderr            # nothing ran (the report path checked first)
+
+
+@pytest.mark.parametrize("bias, passes", [("false", True), ("No", True), ("off", True),
+                                          ("0", True), ("False", True), ("true", False),
+                                          ("YES", False), ("on", False), ("1", False)])
+def test_case_params_booleans_mean_what_they_say(bias, passes, nkv_here, tmp_path):
+    """``bias=false`` (or ``no``) once ran with the bias (the string 'false' is truthy): a conv
+    that drops its bias passes exactly the cases without one."""
+    from pathlib import Path
+    conv = (Path(__file__).resolve().parents[2] / "kernels" / "conv2d.py").read_text()
+    line = "    bias_sb[...] = nisa.tensor_copy(raw, dtype=nl.float32)\n"
+    assert conv.count(line) == 1
+    (tmp_path / "nobias.py").write_text(conv.replace(
+        line, "    bias_sb[...] = nisa.memset((PMAX, n_co), value=0.0, dtype=nl.float32)\n"))
+    r = nkv_here("case", "conv2d", "--params", f"{CONV}bias={bias},pool=2",
+                 "--kernel", f"conv2d={tmp_path / 'nobias.py'}:fused_conv2d_maxpool")
+    assert r.returncode == (0 if passes else 1), r.stdout + r.stderr
+    assert ("PASS" if passes else "FAIL") in r.stdout
 
 
 def test_unknown_target_from_the_environment():

@@ -130,6 +130,16 @@ def test_list(capsys):
     assert "B=4 256->256 224x224 k=3 bias pool=2" in out
 
 
+def test_case_help_lists_each_kernels_params(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["case", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "conv2d    batch,c_in,c_out,height,width,k,bias,pool" in out
+    assert "transpose m,n" in out and "naive     n" in out
+    assert "booleans: true/false, yes/no, on/off, 1/0" in out
+
+
 def test_unavailable_backend_exits_2(capsys, monkeypatch):
     from nkiverify import backends
     monkeypatch.setattr(backends, "neuronxcc_available", lambda: False)
