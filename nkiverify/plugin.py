@@ -23,8 +23,10 @@ Options
     ``--nki-target {trn1,trn2}``          the simulated target (default $NKISIM_TARGET or trn2)
     ``--nki-dtypes LIST``                 e.g. ``float16,bfloat16``: deselect tests whose
                                           ``dtype`` parameter is not listed
-    ``--nki-contract {course,hardware}``  what property tests draw (default: course for the
-                                          kernels given with --nki-kernel, else hardware)
+    ``--nki-contract {course,hardware}``  what property tests draw and which stored cases run
+                                          (default: course for the kernels given with
+                                          --nki-kernel, which skip the cases beyond it, else
+                                          hardware)
     ``--nki-report PATH``                 write every comparison of the session as JSON
     ``--nki-dialect {beta1,nki,both}``    the NKI dialect(s) of our kernels that tests asking
                                           for ``nki_dialect`` run (default both): Beta 1
@@ -153,8 +155,9 @@ def pytest_addoption(parser, pluginmanager):
                     help="comma-separated dtypes to keep (float32,float16,bfloat16); tests "
                          "whose dtype parameter is not listed are deselected")
     group.addoption("--nki-contract", choices=("course", "hardware"), default=None,
-                    help="what property tests draw: the course's contract or the hardware's "
-                         "limits (default: course for --nki-kernel kernels, else hardware)")
+                    help="what property tests draw and which stored cases run: the course's "
+                         "contract or the hardware's limits (default: course for --nki-kernel "
+                         "kernels, whose cases beyond it skip, else hardware)")
     group.addoption("--nki-report", default=None, metavar="PATH",
                     help="write the session's comparisons (per case and per kernel x dtype) "
                          "as JSON")
