@@ -234,3 +234,17 @@ def test_cases_beyond_the_course_contract_do_not_fail_the_course(tmp_path):
     assert "every case run that the course requires passed (6 of the course's " in r.stdout
     assert "beyond the course's contract (not required; docs/course-contract.md):" in r.stdout
     assert "fix first:" not in r.stdout
+
+
+def test_run_mode_holds_a_users_kernel_to_the_course_contract(tmp_path):
+    """`nki-verify --kernel` agrees with `course`: tiled n = 1000 (beyond the contract) fails
+    but is labelled and does not fail the run; n = 25600 (a course configuration) passes."""
+    (tmp_path / "kernels.py").write_text(NO_TAIL_TILED)
+    kernel = f"tiled={tmp_path / 'kernels.py'}:vector_add_tiled"
+    r = _run("-m", "nkiverify.cli", "run", "--kernel", kernel, "--cases",
+             "tiled-n25600,tiled-n1000", "--dtypes", "float32", "-j", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"tiled-n1000 +float32 +beyond contract +FAIL", r.stdout), r.stdout
+    assert "1 passed, 1 failed" in r.stdout
+    assert "1 of the failures are beyond the course's contract for your kernel (not required, " \
+        "docs/course-contract.md): tiled-n1000 float32" in r.stdout
