@@ -1203,14 +1203,16 @@ def cmd_bench(args) -> int:
                "total_time" if spec.dialect == "nki" else "nki.benchmark warmup=5 iters=20")
         word = "device time" if spec.dialect == "nki" else "p99 NC latency"
         print(f"{what} on the device: {word} {us:.1f} us ({how})")
-        sched = None
+        sched, wrong = None, None
     else:
         try:
             from nkisim import runtime
         except ImportError as exc:  # pragma: no cover
             raise UsageError(f"nkisim's cost model is not available ({exc})") from None
+        run_inputs = registry._copy_inputs(inputs)     # (an nki kernel may write its inputs)
         try:
-            runtime.simulate(kernel, inputs.args, inputs.kwargs, target=backend.target)
+            out = runtime.simulate(kernel, run_inputs.args, run_inputs.kwargs,
+                                   target=backend.target)
         except Exception as exc:
             print(f"nki-verify bench: the kernel failed: {_one_line(exc)}", file=sys.stderr)
             where = _user_traceback(exc)
@@ -1243,17 +1245,41 @@ def cmd_bench(args) -> int:
             print(f"  SBUF peak           {mem['peak_sbuf_bytes_per_partition']} of "
                   f"{mem['sbuf_usable_bytes_per_partition']} bytes per partition; PSUM "
                   f"{mem['peak_psum_banks']} of {mem['psum_banks']} banks")
+        # the timed output is checked too: a grade for a kernel that computes the wrong thing
+        # would mislead (the course's harness times only kernels that pass its correctness
+        # tests, cs149-assignment §2)
+        wrong = _bench_output_check(spec, params, dtype, inputs, backend, out)
     course = _course_threshold(args.kernel, params, dtype, args.target)
     if course is not None:
         label, relaxed, optimized = course
-        print(f"  {label}: {_limits(relaxed, optimized)} -> {_grade(us, relaxed, optimized)}")
+        grade = _grade(us, relaxed, optimized)
+        if wrong:
+            grade = f"{grade} if it were correct, but its output is wrong (above)"
+        print(f"  {label}: {_limits(relaxed, optimized)} -> {grade}")
     if args.trace:
         if sched is None:
             raise UsageError("--trace needs the nkisim backend")
         from nkisim.timeline import write_chrome_trace
         path = write_chrome_trace(sched, run.trace, args.trace) or args.trace
         print(f"  engine timeline written to {path} (open it in https://ui.perfetto.dev)")
-    return 0
+    return 1 if wrong else 0
+
+
+def _bench_output_check(spec, params, dtype, inputs, backend, out) -> str | None:
+    """Compare the benchmarked run's output with the golden model; print the verdict line and
+    return the first reason it fails (None when it passes)."""
+    if out is None:
+        print("  output              none: the kernel returned None (a missing `return out`?)")
+        return "returned None"
+    expected = registry.Expected(spec, dtype, inputs)
+    out = registry._as_harness_reads(spec, backend, out, expected.golden)
+    comparison = registry.check_output(spec, params, dtype, inputs, out, expected=expected)
+    if comparison.passed:
+        print("  output              matches the golden model (nki-verify's tolerance)")
+        return None
+    reason = comparison.reasons[0] if comparison.reasons else "fails the comparison"
+    print(f"  output              WRONG: {reason}")
+    return reason
 
 
 # ---- main ---------------------------------------------------------------------------------

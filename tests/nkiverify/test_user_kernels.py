@@ -122,6 +122,30 @@ def test_bench_takes_a_kernel_reference(tmp_path, capsys, monkeypatch):
     assert "estimated latency" in out
 
 
+def test_bench_checks_the_output_it_times(tmp_path, capsys, monkeypatch):
+    """A grade for a kernel that computes the wrong thing would mislead (the course's harness
+    times only kernels that pass its correctness tests): bench compares the timed run's output
+    with the golden model, says which way it went, and exits 1 when it is wrong."""
+    from pathlib import Path
+    monkeypatch.setattr(registry, "KERNELS", dict(registry.KERNELS))
+    src = (Path(__file__).resolve().parents[2] / "kernels" / "conv2d.py").read_text()
+    bias = "    bias_sb[...] = nisa.tensor_copy(raw, dtype=nl.float32)\n"
+    assert src.count(bias) == 1
+    good, bad = tmp_path / "good.py", tmp_path / "nobias.py"
+    good.write_text(src)
+    bad.write_text(src.replace(bias, "    bias_sb[...] = nisa.memset((PMAX, n_co), value=0.0, "
+                                     "dtype=nl.float32)\n"))
+    args = ["bench", "--image", "32x16", "--dtype", "float16", "--kernel"]
+    assert cli.main([*args, f"conv2d={good}:fused_conv2d_maxpool"]) == 0
+    out = capsys.readouterr().out
+    assert "output              matches the golden model" in out
+    assert "course threshold (float16, 32): threshold 84 us -> within the threshold\n" in out
+    assert cli.main([*args, f"conv2d={bad}:fused_conv2d_maxpool"]) == 1
+    out = capsys.readouterr().out
+    assert "output              WRONG: " in out
+    assert "-> within the threshold if it were correct, but its output is wrong (above)" in out
+
+
 def test_spec_for_names_what_it_cannot_resolve():
     with pytest.raises(registry.KernelRefError, match="cannot tell which kernel family"):
         registry.spec_for(lambda x: x)
