@@ -916,10 +916,14 @@ def check_outputs(run, outputs) -> None:
             # test reading back just those rows. The unwritten elements keep nkisim's poison
             # (NaN for floats), so a result compared whole still fails.
             came = "" if origin is None else f"; the first came from this {origin}"
+            # (at the output's allocation in the kernel: the check runs after the kernel
+            # returned, and the caller's line would name the tool that called it)
             run.warn(("output_partly_written",),
                      f"output tensor `{t.name}` is only partly written: {n} of {w.size} "
                      f"elements (region {region}) of shape {shape} hold no value written by the "
-                     f"kernel (garbage on device); read back only the written part{came}")
+                     f"kernel (garbage on device): a loop bound or tail that misses part of "
+                     f"the output, unless the caller reads back only the written part{came}",
+                     site=(root.file, root.line) if root.file else None)
             continue
         desc = f"all {n} elements"
         raise nki_error("err_tensor_output_not_written_to", name=t.name,

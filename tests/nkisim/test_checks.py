@@ -635,7 +635,11 @@ def test_partially_written_output_reports_the_unwritten_region():
     assert [str(w.message) for w in ws] == [
         "suspicious pattern: output tensor `out` is only partly written: 16384 of 65536 "
         "elements (region [0:128, 384:512]) of shape [128, 512] hold no value written by the "
-        "kernel (garbage on device); read back only the written part"]
+        "kernel (garbage on device): a loop bound or tail that misses part of the output, "
+        "unless the caller reads back only the written part"]
+    # located at the output's allocation in the kernel, not at the caller's line
+    assert ws[0].filename == __file__
+    assert ws[0].lineno == body.__code__.co_firstlineno + 1
     np.testing.assert_array_equal(out[:, :384], a[:, :384])
     assert np.isnan(out[:, 384:]).all()
 
