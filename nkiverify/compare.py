@@ -665,11 +665,20 @@ def compare(actual, expected, dtype, *, reduction_length=1, scale=None, baseline
                               f"beyond tolerance{detail}")
     if abs(st.mean_error) > st.mean_error_limit:
         mean_ulp = st.mean_error / _mean_ulp(expected, dtype)
+        a = st.abs
+        if a.mean > 0 and a.p50 < 0.25 * a.mean:
+            # most of the error on a minority of the elements: not an offset of all of them
+            # (a missing bias moves every element; a max pool over half its window leaves
+            # the elements whose max it kept right)
+            hint = (f"the error sits on part of the elements (median abs error {a.p50:.3g}, "
+                    f"mean {a.mean:.3g}): a max pool over the wrong window or axes, a row, "
+                    "column or channel block computed wrong, or a wrong slice?")
+        else:
+            hint = (f"a missing bias (or one added after rounding to {dtype}, which drops it "
+                    "when it is below half an ulp), an offset, or a truncating cast?")
         result.reasons.append(
             f"systematic error: mean(actual - expected) = {st.mean_error:.4g} "
-            f"({mean_ulp:+.3g} ulp on average) exceeds +-{st.mean_error_limit:.3g}; "
-            f"a missing bias (or one added after rounding to {dtype}, which drops it when it is "
-            "below half an ulp), an offset, or a truncating cast?")
+            f"({mean_ulp:+.3g} ulp on average) exceeds +-{st.mean_error_limit:.3g}; {hint}")
     floor = float(ulp(absmax, dtype)) if absmax is not None and absmax == absmax else 0.0
     if callable(baseline) and not st.abs.max > k * floor:
         # The limit is k x max(baseline error, floor) >= k x floor, which the kernel's max

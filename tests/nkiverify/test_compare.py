@@ -548,3 +548,25 @@ def test_compare_does_not_modify_its_float64_inputs():
     compare(actual, expected, FP32, baseline=actual, scale=np.abs(expected))
     np.testing.assert_array_equal(actual, a0)
     np.testing.assert_array_equal(expected, e0)
+
+
+def half_window_pool(y, pool):
+    """A max pool over the first column of each window only (the window's stride forgotten)."""
+    b, c, h, w = y.shape
+    return y.reshape(b, c, h // pool, pool, w // pool, pool)[..., 0].max(axis=3)
+
+
+def test_the_systematic_error_hint_tells_an_offset_from_a_partial_error():
+    # a missing bias moves every element; a max pool over half its window leaves right the
+    # elements whose max it kept (never above the true max): the median error is near zero,
+    # and the hint must not send the student to the bias (fp32, the course's correctness dtype)
+    X, W, bias = conv_inputs("uniform", FP32)
+
+    def systematic(out):
+        result = check(out, X, W, bias, FP32, False)
+        return [r for r in result.reasons if r.startswith("systematic error")]
+
+    pool = systematic(half_window_pool(conv2d_maxpool_baseline(X, W, bias, 1), POOL))
+    assert pool and "the error sits on part of the elements" in pool[0] and "bias" not in pool[0]
+    missing = systematic(BUGS["missing bias"](X, W, bias, FP32))
+    assert missing and "a missing bias" in missing[0]
