@@ -576,8 +576,9 @@ class Comparison:
             ulps = err / float(ulp(st.worst_expected, self.dtype))
             lines.append(f"worst element at index {st.worst_index}: actual = {st.worst_actual!r}, "
                          f"expected = {st.worst_expected!r}")
-            lines.append(f"  abs error {err:.4g}, rel error {rel:.3g}, {ulps:.3g} ulp; "
-                         f"{st.max_ratio:.3g}x the allowed error")
+            lines.append(f"  abs error {err:.4g}, rel error {rel:.3g}, {ulps:.3g} ulp" +
+                         ("" if not math.isfinite(st.max_ratio) else
+                          f"; {st.max_ratio:.3g}x the allowed error"))
             if 1 < st.max_ratio <= 8 and _finfo(self.dtype).bits < 32:
                 lines.append(f"  hint: errors of a few ulp in {self.dtype} usually mean an "
                              f"intermediate result was rounded to {self.dtype} (partial sums, or "
@@ -658,11 +659,16 @@ def compare(actual, expected, dtype, *, reduction_length=1, scale=None, baseline
     beyond = st.mismatches - st.nan_count
     if beyond:
         detail = ""
+        exact = tolerance.max_ulp == 0 and tolerance.rtol == 0 and not tolerance.atol
         if st.worst_index is not None and st.max_ratio > 1:
+            # (an exact tolerance allows 0: the ratio is infinite and says nothing)
             detail = (f"; worst at index {st.worst_index}: actual = {st.worst_actual!r}, "
-                      f"expected = {st.worst_expected!r}, {st.max_ratio:.3g}x the allowed error")
-        result.reasons.append(f"{beyond} of {st.n} elements ({_percent(beyond, st.n)}) "
-                              f"beyond tolerance{detail}")
+                      f"expected = {st.worst_expected!r}" +
+                      ("" if exact else f", {st.max_ratio:.3g}x the allowed error"))
+        result.reasons.append(
+            f"{beyond} of {st.n} elements ({_percent(beyond, st.n)}) " +
+            ("differ, where the output must be exact (data movement does no arithmetic)"
+             if exact else "beyond tolerance") + detail)
     if abs(st.mean_error) > st.mean_error_limit:
         mean_ulp = st.mean_error / _mean_ulp(expected, dtype)
         a = st.abs
@@ -718,7 +724,7 @@ def compare(actual, expected, dtype, *, reduction_length=1, scale=None, baseline
                                                   full=False)
         result.baseline_limit = k * max(bst.abs.max if math.isfinite(bst.abs.max) else 0.0,
                                         floor)
-        if st.abs.max > result.baseline_limit:
+        if st.abs.max > result.baseline_limit and result.tolerance.reduction_length:
             result.reasons.append(
                 f"max abs error {st.abs.max:.4g} exceeds {k:g} x the fp32-accumulated "
                 f"{dtype} baseline's ({bst.abs.max:.4g}, floored at 1 ulp at max|golden| = "

@@ -570,3 +570,21 @@ def test_the_systematic_error_hint_tells_an_offset_from_a_partial_error():
     assert pool and "the error sits on part of the elements" in pool[0] and "bias" not in pool[0]
     missing = systematic(BUGS["missing bias"](X, W, bias, FP32))
     assert missing and "a missing bias" in missing[0]
+
+
+def test_an_exact_output_that_differs_says_so_without_infinite_ratios():
+    # a transpose that leaves its tiles unswapped: the tolerance of data movement is 0, so
+    # "inf x the allowed error" and a baseline comparison would say nothing
+    rng = np.random.default_rng(3)
+    a = rng.random((256, 256), dtype=np.float32)
+    want = a.T.copy()
+    got = want.copy()
+    got[:128, 128:], got[128:, :128] = want[128:, :128], want[:128, 128:]
+    result = compare(got, want.astype(np.float64), np.float32, reduction_length=0,
+                     baseline=want)
+    assert not result.passed
+    assert result.reasons == [
+        f"32768 of 65536 elements (50%) differ, where the output must be exact (data movement "
+        f"does no arithmetic); worst at index {result.stats.worst_index}: actual = "
+        f"{result.stats.worst_actual!r}, expected = {result.stats.worst_expected!r}"]
+    assert "inf" not in result.message()
