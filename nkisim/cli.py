@@ -131,7 +131,14 @@ def main(argv=None) -> int:
     except _UsageError as exc:
         print(f"nkisim {args.cmd}: error: {exc}", file=sys.stderr)
         return 2
-    return args.fn(args)
+    try:
+        return args.fn(args)
+    except BrokenPipeError:
+        # `nkisim info | head -1`: the reader left; say nothing more (and keep Python's exit
+        # flush from raising again), as nki-verify does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -302,3 +302,13 @@ def test_nkisim_run_names_a_package_the_script_lacks_in_one_line(tmp_path):
         f"nkisim run: {tmp_path / 'run_benchmark.py'} needs the Python package `no_such_pkg_xyz` "
         "(imported at conv2d_numpy.py:2), which is not installed here: pip install "
         "no_such_pkg_xyz"]
+
+
+def test_nkisim_info_into_a_closed_pipe_says_nothing_more():
+    # `nkisim info | head -1`: the reader leaves; no BrokenPipeError traceback
+    r, w = os.pipe()
+    os.close(r)
+    proc = subprocess.run([sys.executable, "-m", "nkisim.cli", "info"], stdout=w,
+                          stderr=subprocess.PIPE, text=True, timeout=60)
+    os.close(w)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
