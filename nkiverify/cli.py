@@ -566,6 +566,27 @@ def _backend_or_usage(name, target):
     return backend
 
 
+def _import_user_kernels(kernels, backend) -> None:
+    """Import each user kernel's module once, up front: a package it imports that is not
+    installed is one usage error naming it, not an ERROR row for every case."""
+    for name in sorted(kernels):
+        spec = registry.KERNELS.get(name)
+        if spec is None or spec.source == "shipped" or spec.kernel is not None:
+            continue
+        try:
+            backend.load(spec.import_path)
+        except ModuleNotFoundError as exc:
+            missing = (exc.name or "").split(".")[0]
+            if missing in ("", "neuronxcc", "nki"):
+                continue             # (the backend's own business: each case says why)
+            module = spec.import_path.rpartition(":")[0]
+            raise UsageError(f"the {name} kernel: importing {module} failed: it imports "
+                             f"`{exc.name}`, which is not installed here "
+                             f"(pip install {missing}, or remove the import)") from None
+        except Exception:           # noqa: BLE001 - reported per case, with its traceback
+            continue
+
+
 def run_selected(selected, args, refs, *, title="nki-verify", warned=None):
     """Run (case, dtype) pairs; print the table, failures and warnings (``warned``: a set
     that gets the warnings printed, ``_print_warnings``); return (report, failures,
@@ -574,6 +595,7 @@ def run_selected(selected, args, refs, *, title="nki-verify", warned=None):
 
     backend = _backend_or_usage(args.backend, args.target)
     selected = _with_dialects(selected, getattr(args, "dialect", None), backend)
+    _import_user_kernels({case.kernel for case, _, _ in selected}, backend)
     jobs_n = args.jobs or _jobs_default()
     print(f"{title}: {len(selected)} case runs on {backend.name} ({backend.target or 'device'})"
           + (f", {jobs_n} at a time" if jobs_n > 1 and len(selected) > 1 else ""),
@@ -716,7 +738,10 @@ def cmd_list(args) -> int:
         if case.id in seen:
             continue
         seen.add(case.id)
-        rows.append((case.id, case.source, case.purpose, "slow" if case.slow else "",
+        # what `course` and a --kernel run hold a student's kernel to (docs/course-contract.md)
+        purpose = case.purpose + (" (beyond the course's contract)"
+                                  if _beyond_contract(case, None) else "")
+        rows.append((case.id, case.source, purpose, "slow" if case.slow else "",
                      ",".join(case.dtypes), case.describe()))
     print(_table(("case", "source", "purpose", "slow", "dtypes", "configuration"), rows,
                  right_from=99))
@@ -1327,10 +1352,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="also print each case run's worker, start and end (the timeline)")
 
     def dialect_option(sp, choices=DIALECT_CHOICES, default="both"):
+        both = ", or both" if "both" in choices else ""
         sp.add_argument("--dialect", choices=choices, default=default,
                         help="which of our kernels: the Beta 1 ones (import neuronxcc.nki), "
-                             "their twins in the current nki dialect (import nki, NKI 0.3+), "
-                             f"or both (default {default}); --kernel kernels run in their own")
+                             "their twins in the current nki dialect (import nki, NKI 0.3+)"
+                             f"{both} (default {default}); --kernel kernels run in their own")
 
     r = sub.add_parser("run", help="run every case and print the table (default)")
     running(r)

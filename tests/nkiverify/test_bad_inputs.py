@@ -127,6 +127,16 @@ def test_case_params_booleans_mean_what_they_say(bias, passes, nkv_here, tmp_pat
     assert ("PASS" if passes else "FAIL") in r.stdout
 
 
+def test_a_kernel_importing_a_missing_package_is_one_usage_error(nkv_here, tmp_path):
+    """A stray import in the student's file: one line naming the package, not an ERROR row
+    for each of the kernel's cases."""
+    (tmp_path / "k.py").write_text("import no_such_pkg_abc\n\ndef vector_add_naive(a, b):\n"
+                                   "    return a\n")
+    r = nkv_here("--kernel", f"{tmp_path / 'k.py'}:vector_add_naive", "-j", "1")
+    one_line_error(r, "the naive kernel: importing", "`no_such_pkg_abc`, which is not installed",
+                   "pip install no_such_pkg_abc")
+
+
 def test_unknown_target_from_the_environment():
     one_line_error(nkv("--cases", "naive-n128", env={"NKISIM_TARGET": "trn3"}),
                    "unknown target 'trn3'", "NKISIM_TARGET")

@@ -138,6 +138,16 @@ def test_case_help_lists_each_kernels_params(capsys):
     assert "conv2d    batch,c_in,c_out,height,width,k,bias,pool" in out
     assert "transpose m,n" in out and "naive     n" in out
     assert "booleans: true/false, yes/no, on/off, 1/0" in out
+    # `case` runs one dialect: its help offers no "both"
+    assert "or both" not in " ".join(out.split())
+
+
+def test_list_marks_the_cases_beyond_the_course_contract(capsys):
+    # docs/course-contract.md: what course and a --kernel run do not require of a student
+    assert cli.main(["list", "--cases", "conv2d-pool3,conv2d-small-bias-pool2"]) == 0
+    rows = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines()[2:] if ln.strip()}
+    assert "(beyond the course's contract)" in rows["conv2d-pool3"]
+    assert "beyond" not in rows["conv2d-small-bias-pool2"]
 
 
 def test_unavailable_backend_exits_2(capsys, monkeypatch):
