@@ -724,6 +724,17 @@ def cmd_run(args) -> int:
     user = {s.name for s in specs or ()}
     beyond = [label for label, _ in failures if (c := by_id.get(label.split()[0].split("[")[0]))
               is not None and c.kernel in user and _beyond_contract(c, args.target)]
+    # your kernel's failures in the contract: the first reason and a rerun line on stdout,
+    # as `course` prints them (the full diagnoses go to stderr)
+    yours: dict = {}
+    for label, message in failures:
+        c = by_id.get(label.split()[0].split("[")[0])
+        if c is not None and c.kernel in user and label not in beyond:
+            yours.setdefault(c.kernel, []).append((label, message))
+    if yours:
+        print("\nfix first:")
+        for line in _advice(yours, args.target, args.backend):
+            print(line)
     if beyond:
         print(f"\n{len(beyond)} of the failures are beyond the course's contract for your "
               f"kernel (not required, docs/course-contract.md): {', '.join(beyond)}")

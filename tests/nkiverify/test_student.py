@@ -248,3 +248,18 @@ def test_run_mode_holds_a_users_kernel_to_the_course_contract(tmp_path):
     assert "1 passed, 1 failed" in r.stdout
     assert "1 of the failures are beyond the course's contract for your kernel (not required, " \
         "docs/course-contract.md): tiled-n1000 float32" in r.stdout
+
+
+def test_run_mode_prints_what_to_fix_first_with_a_rerun_line(checkouts):
+    """`nki-verify --kernel` ends, as `course` does, with the first reason of your kernel's
+    failures and the command that reruns that case, on stdout."""
+    _, buggy = checkouts
+    path = buggy / "part2" / "conv2d.py"
+    r = _run("-m", "nkiverify.cli", "run", "--kernel", f"conv2d={path}:fused_conv2d_maxpool",
+             "--cases", "conv2d-small-bias-pool2", "--dtypes", "float32", "-j", "1")
+    assert r.returncode == 1, r.stdout + r.stderr
+    fix = r.stdout[r.stdout.index("\nfix first:"):]
+    assert "conv2d: 1 case(s) fail; first: conv2d-small-bias-pool2 float32" in fix
+    assert "systematic error" in fix and "missing bias" in fix
+    assert f"rerun: nki-verify run --kernel conv2d={path}:fused_conv2d_maxpool --cases " \
+        "conv2d-small-bias-pool2 --dtypes float32 --target trn2" in fix
