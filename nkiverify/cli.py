@@ -1066,6 +1066,7 @@ def cmd_course(args) -> int:
             by_id(case_id).kernel, []).append((label, message))
     for items in by_kernel.values():        # the course's own configurations first
         items.sort(key=lambda item: not course_own(*item[0].split()))
+    summary = {"dir": root, "target": args.target, "kernels": [], "latency": []}
     for spec in specs:
         recs = [r for r in report.records if r.kernel == spec.name]
         ok = sum(r.passed for r in recs)
@@ -1077,6 +1078,13 @@ def cmd_course(args) -> int:
              extra if required(r.case_id) else more).append(r)
         status = "----" if not recs else "PASS" if all(r.passed for r in course + extra) \
             else "FAIL"
+        summary["kernels"].append({
+            "kernel": spec.name, "file": os.path.relpath(spec.import_path, root),
+            "verdict": "not checked" if not recs else status, "passed": ok, "cases": len(recs),
+            **{key: {"passed": sum(r.passed for r in group), "cases": len(group),
+                     "case_runs": [f"{r.case_id} {r.dtype}" for r in group]}
+               for key, group in (("course_configurations", course), ("extra", extra),
+                                  ("beyond_contract", more))}})
         split = ""
         if ok < len(recs) and course and (extra or more):
             course_ok = sum(r.passed for r in course)
@@ -1095,6 +1103,9 @@ def cmd_course(args) -> int:
             caveat = _latency_caveat(*config, report.records, args.target)
             print(f"  {label}: " + (f"{us:.1f} us -> {verdict}{caveat}" if us is not None
                                     else verdict))
+            summary["latency"].append({"configuration": label, "estimate_us": us,
+                                       "verdict": verdict, "caveat": caveat.strip(" ()")
+                                       or None})
     if by_kernel:
         print("\nfix first:")
         for line in _advice(by_kernel, args.target, args.backend):
@@ -1112,7 +1123,11 @@ def cmd_course(args) -> int:
         print("\nbeyond the course's contract (not required; docs/course-contract.md):")
         for line in _advice(beyond, args.target, args.backend):
             print(line)
-    return 1 if by_kernel or interrupted else 0
+    status = 1 if by_kernel or interrupted else 0
+    if args.report:             # the course's verdicts and estimates too (docs/report-schema.md)
+        report.meta["course"] = {**summary, "exit_status": status}
+        report.to_json(args.report)
+    return status
 
 
 # ---- bench --------------------------------------------------------------------------------

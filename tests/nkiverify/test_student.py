@@ -7,6 +7,7 @@ the bias dropped, the bug a float32 ``np.allclose`` on the course's bias-free sm
 sees and a bf16 check hides under one ulp per element.
 """
 
+import json
 import os
 import re
 import shlex
@@ -224,10 +225,18 @@ def test_cases_beyond_the_course_contract_do_not_fail_the_course(tmp_path):
                       "conv2d-k5-pool2", "conv2d-pool3"]
     (tmp_path / "part1").mkdir()
     (tmp_path / "part1" / "kernels.py").write_text(NO_TAIL_TILED)
+    report = tmp_path / "report.json"
     r = _run("-m", "nkiverify.cli", "course", str(tmp_path), "--quick", "--cases",
-             "tiled-n25600,tiled-n1000", "-j", "1")
+             "tiled-n25600,tiled-n1000", "-j", "1", "--report", str(report))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "PASS  tiled     3/6 cases" in r.stdout
+    # the report carries the course's verdict and split, not only "failed: 3"
+    course = json.loads(report.read_text())["course"]
+    assert course["exit_status"] == 0 and course["target"] == "trn2"
+    tiled = next(k for k in course["kernels"] if k["kernel"] == "tiled")
+    assert (tiled["verdict"], tiled["passed"], tiled["cases"]) == ("PASS", 3, 6)
+    assert (tiled["beyond_contract"]["passed"], tiled["beyond_contract"]["cases"]) == (0, 3)
+    assert tiled["course_configurations"]["case_runs"] == ["tiled-n25600 float32"]
     # (tiled-n25600 is a course configuration in float32; in fp16 and bf16 an extra case)
     assert "course configurations 1/1, extra cases 2/2, beyond the course's contract 0/3 " \
         "(not required)" in r.stdout
