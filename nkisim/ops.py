@@ -434,8 +434,9 @@ def _carried_values(loop, frame, carried, seen, i, api) -> dict:
     now = {}
     for name in names:
         v = local.get(name)
-        if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(
-                v, (bool, LoopIndex)):
+        if isinstance(v, LoopIndex):
+            v = int(v)                  # (a loop index's value, compared without a warning)
+        if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
             now[name] = v
             if seen is not None and name in seen and seen[name] != v:
                 raise nki_error("nkisim_python_state_in_loop", name=name, var=var or "?",

@@ -135,3 +135,20 @@ def test_carried_names_reads_the_source():
     line = code.co_firstlineno + 3
     assert frontend.carried_names(code, line) == (("off",), "m")
     assert frontend.carried_names(code, line + 1) == ((), "")
+
+
+def test_a_loop_index_carried_into_the_next_iteration_is_caught():
+    # `prev = m` at the end of the body, read at the start of the next: the traced body reads
+    # prev's value from before the loop (0) in every iteration
+    def body(a, b):
+        out = nl.ndarray((1024,), dtype=a.dtype, buffer=nl.shared_hbm)
+        prev = 0
+        for m in nl.sequential_range(8):
+            nl.store(out[m * 128:(m + 1) * 128],
+                     nl.add(nl.load(a[prev * 128:(prev + 1) * 128]),
+                            nl.load(b[m * 128:(m + 1) * 128])))
+            prev = m
+        return out
+
+    with pytest.raises(ValueError, match=r"`prev` changes from one iteration .* \(0, then 1\)"):
+        run(body, A, B)
