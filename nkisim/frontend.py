@@ -171,13 +171,20 @@ def _loads(node, exposed, defined, used, updated=()):
     nothing."""
     alloc = set()
     for n in _own_nodes([node]):
-        if isinstance(n, ast.Call) and _called(n.func).endswith("alloc"):
+        if isinstance(n, ast.Call) and (_called(n.func).endswith("alloc") or
+                                        _called(n.func) in _REPORTING) or \
+                isinstance(n, (ast.JoinedStr, ast.Assert)):
+            # (reporting reads - a debug print, an f-string name, an assert - change no
+            # instruction: `count += 1; print(count)` is harmless on the device)
             alloc.update(id(m) for m in ast.walk(n))
         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
             if n.id not in defined:
                 exposed.add(n.id)
             if n.id not in updated and id(n) not in alloc:
                 used.add(n.id)
+
+
+_REPORTING = {"print", "repr", "str", "format", "debug", "info", "warning", "error", "log"}
 
 
 def _called(func) -> str:
