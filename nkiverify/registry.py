@@ -812,6 +812,30 @@ def _as_harness_reads(spec: KernelSpec, backend, out, golden):
     return out
 
 
+COURSE_FAMILIES = ("naive", "tiled", "stream", "transpose", "conv2d")     # (KernelSpec.name)
+
+
+def _check_output_dtype(spec, kernel, out, dtype) -> None:
+    """A course kernel returns its inputs' dtype (the handout allocates ``X_out`` with
+    ``dtype=X.dtype``). A wider output passes the comparison (it judges the values, and the
+    course's np.allclose would too) but moves more bytes than the kernel the course times: a
+    suspicious-pattern warning at the kernel's definition."""
+    got = getattr(out, "dtype", None)
+    if spec.name not in COURSE_FAMILIES or got is None or got == dtype_of(dtype):
+        return
+    import warnings
+
+    from nkisim.errors import SUSPICIOUS_PREFIX, NKIWarning
+    func = getattr(kernel, "func", kernel)
+    code = getattr(func, "__code__", None)
+    warnings.warn_explicit(
+        f"{SUSPICIOUS_PREFIX}the kernel returns {got} for a {dtype_of(dtype)} case: a course "
+        f"kernel returns its inputs' dtype (the handout's X_out = nl.ndarray(..., "
+        f"dtype=X.dtype)): the output's {got.itemsize}-byte elements, where the course's "
+        f"kernel writes {dtype_of(dtype).itemsize}-byte ones, change what the device moves",
+        NKIWarning, code.co_filename if code else "<kernel>", code.co_firstlineno if code else 0)
+
+
 def run_case(spec: KernelSpec | str, params: dict, dtype, backend, *, seed: int = 0,
              dist: str = "uniform", k: float = 4.0) -> Outcome:
     """Make inputs, run the kernel on ``backend``, compare with the golden model."""
@@ -837,6 +861,7 @@ def run_case(spec: KernelSpec | str, params: dict, dtype, backend, *, seed: int 
     if case.expected is None:
         case.expected = Expected(spec, dtype, inputs)
     out = _as_harness_reads(spec, backend, out, case.expected.golden)
+    _check_output_dtype(spec, kernel, out, dtype)
     # The other dialect's kernel (or a repeated example) usually returns the same bits: the
     # comparison is a function of the output, the golden and k, so it is not redone (a B=4
     # 224x224 fp32 conv2d: 0.13 s of SHA-256 instead of a 1-2 s comparison; issue 12).

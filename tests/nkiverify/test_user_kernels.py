@@ -320,3 +320,29 @@ def test_a_warning_every_run_raises_is_printed_once_with_its_count(tmp_path):
     assert r.stderr.count("warn_block_dimension_is_deprecated") == 1, r.stderr
     assert f"{path}:{line}: NKIRuleWarning: NKI rule the device tolerates" in r.stderr
     assert f"in {runs} of {runs} runs (first: naive-" in r.stderr
+
+
+def test_a_course_kernel_returning_a_wider_dtype_is_a_suspicious_pattern(tmp_path, monkeypatch):
+    """The handout allocates X_out with dtype=X.dtype; a float32 output of a float16 case passes
+    on its values (and the course's np.allclose) but is not the kernel the course times."""
+    import warnings
+    from pathlib import Path
+
+    from nkisim import NKIWarning
+    from nkiverify.backends import NkisimBackend
+    monkeypatch.setattr(registry, "KERNELS", dict(registry.KERNELS))
+    src = (Path(__file__).resolve().parents[2] / "kernels" / "vector_add.py").read_text()
+    line = "    out = nl.ndarray(shape=a_vec.shape, dtype=a_vec.dtype, buffer=nl.hbm)\n"
+    assert line in src
+    (tmp_path / "wide.py").write_text(src.replace(line, line.replace("a_vec.dtype",
+                                                                     "nl.float32"), 1))
+    spec = registry.use_kernel(f"{tmp_path / 'wide.py'}:vector_add_naive")
+    params = {"n": 128}
+    for dtype, warned in (("float16", True), ("float32", False)):
+        with warnings.catch_warnings(record=True) as ws:
+            warnings.simplefilter("always")
+            outcome = registry.run_case(spec, params, dtype, NkisimBackend())
+        assert outcome.passed
+        texts = [str(w.message) for w in ws if issubclass(w.category, NKIWarning)]
+        hit = [t for t in texts if "the kernel returns float32 for a float16 case" in t]
+        assert bool(hit) == warned, texts
