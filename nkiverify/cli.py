@@ -946,11 +946,13 @@ def _latency_caveat(kernel, params, dtype, records, target) -> str:
     return f" (but {'; '.join(notes)})" if notes else ""
 
 
-def _course_latencies(args, quick: bool):
+def _course_latencies(args, quick: bool, checked=None):
     """[(label, us, verdict line, (kernel, params, dtype))] for the graded configurations of
-    the kernels in use."""
+    the kernels in use (``checked``: only those, when ``--cases`` left the others out)."""
     out = []
     families = {n for n, s in registry.KERNELS.items() if s.source not in ("shipped", "user")}
+    if checked is not None:
+        families &= set(checked)
     configs = []
     if "conv2d" in families:
         for pool in (1, 2):
@@ -1045,7 +1047,8 @@ def cmd_course(args) -> int:
     report, failures, interrupted = run_selected(selected, args, refs,
                                                  title="nki-verify course", warned=warned)
     with warnings.catch_warnings(record=True) as caught:
-        latencies = [] if interrupted else _course_latencies(args, args.quick)
+        latencies = [] if interrupted else _course_latencies(
+            args, args.quick, {case.kernel for case, _ in selected} if args.cases else None)
     _print_warnings([("the latency estimates", _distinct_warnings(caught))], warned)
 
     print("\n==== summary ====")

@@ -145,8 +145,8 @@ def test_course_checks_a_trn1_checkout_on_trn1(tmp_path):
     root = _checkout(tmp_path / "trn1", False)
     (root / "part1" / "kernels.py").write_text((REPO / "kernels" / "vector_add.py").read_text())
     (root / "part1" / "vec_add.py").write_text("# the trn1 course's Part 1 runner\n")
-    r = _run("-m", "nkiverify.cli", "course", str(root), "--quick", "--cases", "naive-n128",
-             "-j", "1")
+    r = _run("-m", "nkiverify.cli", "course", str(root), "--quick", "--cases",
+             "naive-n128,conv2d-small-bias-pool2", "-j", "1")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "on trn1 (the trn1 course's layout" in r.stderr
     assert "on nkisim (trn1)" in r.stdout
@@ -272,3 +272,14 @@ def test_run_mode_prints_what_to_fix_first_with_a_rerun_line(checkouts):
     assert "systematic error" in fix and "missing bias" in fix
     assert f"rerun: nki-verify run --kernel conv2d={path}:fused_conv2d_maxpool --cases " \
         "conv2d-small-bias-pool2 --dtypes float32 --target trn2" in fix
+
+
+def test_course_cases_filter_estimates_only_the_kernels_it_checked(checkouts):
+    """`course --cases naive-n128` checks the naive kernel only: no conv2d latency estimate
+    (it took 17-24 s and judged a kernel the run marked "not checked")."""
+    good, _ = checkouts
+    r = _run("-m", "nkiverify.cli", "course", str(good), "--quick", "--cases", "naive-n128",
+             "-j", "1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "conv2d    0/0 cases" in r.stdout and "not checked (--cases)" in r.stdout
+    assert "estimating the latency" not in r.stderr and "latency estimates" not in r.stdout
