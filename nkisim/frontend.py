@@ -169,18 +169,18 @@ def _loads(node, exposed, defined, used, updated=()):
     ``affine_range`` body, and nkisim already gives such an allocation the traced body's
     address, its first iteration's (``nkisim.tensor._traced_base``): those reads change
     nothing."""
-    alloc = set()
+    harmless = set()            # ids of the nodes whose reads are not uses
     for n in _own_nodes([node]):
         if isinstance(n, ast.Call) and (_called(n.func).endswith("alloc") or
                                         _called(n.func) in _REPORTING) or \
                 isinstance(n, (ast.JoinedStr, ast.Assert)):
             # (reporting reads - a debug print, an f-string name, an assert - change no
-            # instruction: `count += 1; print(count)` is harmless on the device)
-            alloc.update(id(m) for m in ast.walk(n))
+            # instruction either: `count += 1; print(count)` is harmless on the device)
+            harmless.update(id(m) for m in ast.walk(n))
         if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load):
             if n.id not in defined:
                 exposed.add(n.id)
-            if n.id not in updated and id(n) not in alloc:
+            if n.id not in updated and id(n) not in harmless:
                 used.add(n.id)
 
 
