@@ -445,6 +445,59 @@ def _carried_values(loop, frame, carried, seen, i, api) -> dict:
     return now
 
 
+class TracedRange:
+    """Python's ``range`` inside a Beta 1 kernel (``runtime.simulate`` serves it in the kernel
+    module's globals while the kernel runs). "Neuron compiler transforms any usage of Python
+    range() API into nl.sequential_range() under the hood" (Beta 1 programming model), and its
+    body is traced once like any Beta 1 loop ("val += 1 in for i in range(8) will print 1 in
+    NKI 0.1.0", migration guide): a ``for`` over it watches the Python numbers its body carries
+    from one iteration to the next, as ``nl.sequential_range`` does (``_carried_values``).
+    Everything else is the range's own (len, indexing, ``in``, reversed, ...)."""
+
+    __slots__ = ("r",)
+
+    def __init__(self, *args):
+        self.r = builtins.range(*args)
+
+    def __iter__(self):
+        f = sys._getframe(1)        # (the kernel's frame, at its `for` statement)
+        carried = frontend.carried_names(f.f_code, f.f_lineno) if f is not None else None
+        if not carried or not carried[0] or context.maybe_current() is None:
+            return iter(self.r)
+        return self._watched(f, carried)
+
+    def _watched(self, f, carried):
+        loop = _Loop(0, "range", f.f_code.co_filename, f.f_lineno)
+        seen = None
+        for i in self.r:
+            seen = _carried_values(loop, f, carried, seen, i, "range")
+            yield i
+
+    def __len__(self):
+        return len(self.r)
+
+    def __getitem__(self, key):
+        return self.r[key]
+
+    def __contains__(self, value):
+        return value in self.r
+
+    def __reversed__(self):
+        return reversed(self.r)
+
+    def __eq__(self, other):
+        return self.r == (other.r if isinstance(other, TracedRange) else other)
+
+    def __hash__(self):
+        return hash(self.r)
+
+    def __repr__(self):
+        return repr(self.r)
+
+    def __getattr__(self, name):            # start, stop, step, count, index
+        return getattr(self.r, name)
+
+
 def affine_range(*args, **kwargs):
     """Parallel loop: no loop-carried dependencies allowed (checked by nkisim.checks)."""
     return _loop("affine", args, LoopIndex)

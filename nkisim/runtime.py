@@ -11,6 +11,7 @@ real result objects (``benchmark_result.nc_latency.get_latency_percentile(p)`` i
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import inspect
@@ -191,6 +192,25 @@ def _blas_controller() -> ThreadpoolController:
     return _BLAS[0]
 
 
+@contextlib.contextmanager
+def _python_range(func, rules):
+    """While a Beta 1 kernel runs, ``range`` in its module is ``ops.TracedRange`` (the
+    compiler's sequential_range, traced once: its body's carried Python numbers are watched).
+    Nothing when the module has a ``range`` of its own or another run serves it already, and
+    nothing for the current nki dialect, whose loops are Python's (NKI 0.2+)."""
+    from .ops import TracedRange
+    glb = getattr(func, "__globals__", None)
+    if rules.unrolled_loops or glb is None or "range" in glb:
+        yield
+        return
+    glb["range"] = TracedRange
+    try:
+        yield
+    finally:
+        if glb.get("range") is TracedRange:
+            del glb["range"]
+
+
 def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=None) -> object:
     """Run ``kernel`` on NumPy inputs; return its outputs as NumPy arrays."""
     k = _as_kernel(kernel)
@@ -281,19 +301,20 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
         grid = k.grid
         run.grid = grid
         ids = list(itertools.product(*(range(g) for g in grid))) if grid else [()]
-        if len(ids) == 1:
-            run.program_ids = ids[0]
-            run.shared_hbm_cursor = 0
-            if grid:       # the instance is an "iteration" of the grid for nkisim.checks
-                run.begin_program(run.program_ids, k.func)
-            result = k.func(*wrapped, **kw)
-        else:
-            # several program instances (LNC 2, an SPMD grid): nkisim.lnc runs them in turn,
-            # switching at core_barrier / sendrecv (nkisim.collectives)
-            from .lnc import Instances
-            run.lnc = Instances(run, ids, lambda i: k.func(*wrapped, **kw))
-            run.lnc.func = k.func
-            result = run.lnc.run_all()
+        with _python_range(k.func, run.rules):
+            if len(ids) == 1:
+                run.program_ids = ids[0]
+                run.shared_hbm_cursor = 0
+                if grid:       # the instance is an "iteration" of the grid for nkisim.checks
+                    run.begin_program(run.program_ids, k.func)
+                result = k.func(*wrapped, **kw)
+            else:
+                # several program instances (LNC 2, an SPMD grid): nkisim.lnc runs them in
+                # turn, switching at core_barrier / sendrecv (nkisim.collectives)
+                from .lnc import Instances
+                run.lnc = Instances(run, ids, lambda i: k.func(*wrapped, **kw))
+                run.lnc.func = k.func
+                result = run.lnc.run_all()
         outs = _flatten(result)
         if result is None:
             _no_return(run, k, list(wrapped) + list(kw.values()))

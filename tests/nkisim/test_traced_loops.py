@@ -62,6 +62,37 @@ def test_a_counter_the_body_reads_and_bumps_is_an_error(loop):
     assert "every iteration sees `off` as it was before the loop" in msg
 
 
+def test_a_python_range_loop_is_watched_too():
+    # "Neuron compiler transforms any usage of Python range() API into nl.sequential_range()
+    # under the hood" (Beta 1 programming model): traced once as well. `range` is served in
+    # the kernel's module only while the kernel runs, and stays a range for everything else.
+    def body(a, b):
+        assert len(range(3)) == 3 and 2 in range(3) and list(reversed(range(3))) == [2, 1, 0]
+        out = nl.ndarray((1024,), dtype=a.dtype, buffer=nl.shared_hbm)
+        off = 0
+        for m in range(8):                       # noqa: B007 (named in the message)
+            nl.store(out[off:off + 128], nl.add(nl.load(a[off:off + 128]),
+                                               nl.load(b[off:off + 128])))
+            off += 128
+        return out
+
+    with pytest.raises(ValueError, match=r"`off` changes from one iteration of the `m` loop "
+                                         r"\(range at test_traced_loops.py:\d+\)"):
+        run(body, A, B)
+    assert range is __builtins__["range"] if isinstance(__builtins__, dict) else range is \
+        __builtins__.range
+    assert "range" not in globals()
+
+    def fine(a, b):                              # the offset computed from the loop variable
+        out = nl.ndarray((1024,), dtype=a.dtype, buffer=nl.shared_hbm)
+        for m in range(8):
+            nl.store(out[m * 128:(m + 1) * 128], nl.add(nl.load(a[m * 128:(m + 1) * 128]),
+                                                        nl.load(b[m * 128:(m + 1) * 128])))
+        return out
+
+    np.testing.assert_array_equal(run(fine, A, B), A + B)
+
+
 def test_static_range_is_unrolled_so_the_counter_is_fine():
     # nl.static_range: "fully unrolled at trace time (loop var is a Python int)" (ref §1.9)
     np.testing.assert_array_equal(run(counter_add(nl.static_range), A, B), A + B)
