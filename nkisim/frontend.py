@@ -107,15 +107,17 @@ _CARRIED: dict = {}    # code object -> {line of a `for` statement: (names, loop
 
 
 def carried_names(code, line) -> tuple:
-    """``(names, variable)``: the names the body of the ``for`` statement at ``line`` of
-    ``code`` reads before any assignment in the body (so their value comes from before the loop
-    or from the previous iteration), assigns somewhere in the body, and reads other than to
-    update them (``off += 128`` alone does not count; ``a[off:off + 128]`` does), and the loop
-    variable's source. ``((), "")`` when the source is not available or nothing is carried."""
+    """``(names, variable, picks)``: the names the body of the ``for`` statement at ``line``
+    of ``code`` reads before any assignment in the body (so their value comes from before the
+    loop or from the previous iteration), assigns somewhere in the body, and reads other than
+    to update them (``off += 128`` alone does not count; ``a[off:off + 128]`` does); the loop
+    variable's source; and, per name, the names of the containers it only ever indexes
+    (``bufs`` in ``bufs[k % 2]``), or None when it has another use. ``((), "", {})`` when the
+    source is not available or nothing is carried."""
     table = _CARRIED.get(code)
     if table is None:
         table = _CARRIED[code] = _loop_table(code)
-    return table.get(line, ((), ""))
+    return table.get(line, ((), "", {}))
 
 
 def _loop_table(code) -> dict:
@@ -131,9 +133,9 @@ def _loop_table(code) -> dict:
     offset = (first or 1) - 1
     for node in _own_nodes(fn.body):
         if isinstance(node, ast.For):
-            names = _carried(node)
+            names, picks = _carried(node)
             if names:
-                entry = (names, ast.unparse(node.target))
+                entry = (names, ast.unparse(node.target), picks)
                 for ln in range(node.lineno, node.iter.end_lineno + 1):
                     table[ln + offset] = entry
     return table
@@ -152,9 +154,31 @@ def _own_nodes(stmts):
 
 
 def _carried(loop) -> tuple:
-    exposed, stored, used = set(), set(), set()
+    exposed, stored, used = set(), set(), {}
     _scan(loop.body, set(_targets(loop.target)), exposed, stored, used)
-    return tuple(sorted(exposed & stored & used))
+    names = tuple(sorted(exposed & stored & set(used)))
+    picks = {n: None if None in used[n] else frozenset(used[n]) for n in names}
+    return names, picks
+
+
+def _subscript_bases(node) -> dict:
+    """{id of a Name node: the name of the innermost ``container[...]`` whose index holds it},
+    for the subscripts of ``node`` whose container is a plain name."""
+    bases = {}
+
+    def walk(n, base):
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            return
+        if isinstance(n, ast.Name) and base is not None:
+            bases[id(n)] = base
+        if isinstance(n, ast.Subscript):
+            walk(n.value, base)
+            walk(n.slice, n.value.id if isinstance(n.value, ast.Name) else None)
+            return
+        for child in ast.iter_child_nodes(n):
+            walk(child, base)
+    walk(node, None)
+    return bases
 
 
 def _targets(node) -> list:
@@ -170,6 +194,7 @@ def _loads(node, exposed, defined, used, updated=()):
     address, its first iteration's (``nkisim.tensor._traced_base``): those reads change
     nothing."""
     harmless = set()            # ids of the nodes whose reads are not uses
+    bases = _subscript_bases(node)
     for n in _own_nodes([node]):
         if isinstance(n, ast.Call) and (_called(n.func).endswith("alloc") or
                                         _called(n.func) in _REPORTING) or \
@@ -181,7 +206,7 @@ def _loads(node, exposed, defined, used, updated=()):
             if n.id not in defined:
                 exposed.add(n.id)
             if n.id not in updated and id(n) not in harmless:
-                used.add(n.id)
+                used.setdefault(n.id, set()).add(bases.get(id(n)))
 
 
 _REPORTING = {"print", "repr", "str", "format", "debug", "info", "warning", "error", "log"}

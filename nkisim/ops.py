@@ -428,8 +428,13 @@ def _carried_values(loop, frame, carried, seen, i, api) -> dict:
     """The numbers among the loop body's carried names (``frontend.carried_names``) as
     iteration ``i`` starts; raises ``nkisim_python_state_in_loop`` when one changed since the
     previous iteration started (the device's traced body sees its value from before the loop
-    in every iteration)."""
-    names, var = carried
+    in every iteration).
+
+    One exception, a warning: a number used only to pick a tile from a Python list or tuple
+    of tiles (``bufs[k % 2]``, a hand-made double buffer). The device's traced body picks the
+    same tile in every iteration, which computes the same values (its iterations do not
+    overlap there)."""
+    names, var, picks = carried
     local = frame.f_locals
     now = {}
     for name in names:
@@ -439,10 +444,28 @@ def _carried_values(loop, frame, carried, seen, i, api) -> dict:
         if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
             now[name] = v
             if seen is not None and name in seen and seen[name] != v:
+                where = f"{os.path.basename(loop.file)}:{loop.line}"
+                bases = picks.get(name)
+                if bases and builtins.all(_tile_list(local.get(b, frame.f_globals.get(b)))
+                                 for b in bases):
+                    context.current().warn(
+                        ("carried_pick", name),
+                        f"Python variable `{name}` changes from one iteration of the `{var}` "
+                        f"loop ({api} at {where}) to the next, and picks a tile from "
+                        f"{', '.join(f'`{b}`' for b in sorted(bases))}: the NKI Beta 1 front "
+                        "end runs the body once, so on the device every iteration uses the "
+                        "tile it picks before the loop (the same values, without the "
+                        "alternation); compute the pick from the loop variable",
+                        site=(loop.file, loop.line))
+                    continue
                 raise nki_error("nkisim_python_state_in_loop", name=name, var=var or "?",
-                                kind=api, where=f"{os.path.basename(loop.file)}:{loop.line}",
-                                before=seen[name], after=v)
+                                kind=api, where=where, before=seen[name], after=v)
     return now
+
+
+def _tile_list(value) -> bool:
+    return isinstance(value, (list, tuple)) and bool(value) and builtins.all(
+        isinstance(x, Tensor) for x in value)
 
 
 class TracedRange:

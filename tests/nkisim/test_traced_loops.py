@@ -166,8 +166,44 @@ def test_carried_names_reads_the_source():
 
     code = k.__code__
     line = code.co_firstlineno + 3
-    assert frontend.carried_names(code, line) == (("off",), "m")
-    assert frontend.carried_names(code, line + 1) == ((), "")
+    assert frontend.carried_names(code, line) == (("off",), "m", {"off": frozenset({"a"})})
+    assert frontend.carried_names(code, line + 1) == ((), "", {})
+
+
+def test_a_counter_that_only_picks_a_tile_from_a_list_is_a_warning():
+    # a hand-made double buffer: the traced body picks bufs[0] in every iteration, which
+    # computes the same values in a sequential loop: a suspicious pattern, not an error
+    def body(a):
+        out = nl.ndarray((1024, 64), dtype=a.dtype, buffer=nl.shared_hbm)
+        bufs = [nl.ndarray((128, 64), dtype=a.dtype, buffer=nl.sbuf),
+                nl.ndarray((128, 64), dtype=a.dtype, buffer=nl.sbuf)]
+        k = 0
+        for m in nl.sequential_range(8):
+            t = bufs[k % 2]
+            t[...] = nl.load(a[m * 128:(m + 1) * 128, :])
+            nl.store(out[m * 128:(m + 1) * 128, :], nl.multiply(t, 2.0))
+            k += 1
+        return out
+
+    a = RNG.random((1024, 64), dtype=np.float32)
+    with pytest.warns(NKIWarning, match=r"`k` changes from one iteration of the `m` loop .* "
+                                        r"picks a tile from `bufs`"):
+        got = simulate(nki.jit(body), (a,), {}, checks_spec="all")
+    np.testing.assert_array_equal(got, 2 * a)
+
+    # a list of numbers picked the same way is an index into a tensor: still the error
+    def offsets(a):
+        out = nl.ndarray((1024, 64), dtype=a.dtype, buffer=nl.shared_hbm)
+        starts = [0, 128, 256, 384, 512, 640, 768, 896]
+        k = 0
+        for m in nl.sequential_range(8):         # noqa: B007 (named in the message)
+            s = starts[k]
+            nl.store(out[s:s + 128, :], nl.load(a[s:s + 128, :]))
+            k += 1
+        return out
+
+    with pytest.raises(ValueError, match="`k` changes from one iteration"):
+        run(offsets, a)
 
 
 def test_a_loop_index_carried_into_the_next_iteration_is_caught():
