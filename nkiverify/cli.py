@@ -719,17 +719,19 @@ def cmd_run(args) -> int:
     if not selected:
         raise UsageError("--cases/--dtypes: no case matches the filters (see `nki-verify list`)")
     _, failures, interrupted = run_selected(selected, args, args.kernel)
-    # a user's kernel failing only cases beyond the course's contract passes, as in `course`
+    # A user's kernel failing only cases beyond the course's contract passes, as in `course`;
+    # its failures within the contract get the first reason and a rerun line on stdout, as
+    # `course` prints them (the full diagnoses go to stderr).
     by_id = {case.id: case for case, _ in selected}
     user = {s.name for s in specs or ()}
-    beyond = [label for label, _ in failures if (c := by_id.get(label.split()[0].split("[")[0]))
-              is not None and c.kernel in user and _beyond_contract(c, args.target)]
-    # your kernel's failures in the contract: the first reason and a rerun line on stdout,
-    # as `course` prints them (the full diagnoses go to stderr)
-    yours: dict = {}
+    beyond, yours = [], {}
     for label, message in failures:
-        c = by_id.get(label.split()[0].split("[")[0])
-        if c is not None and c.kernel in user and label not in beyond:
+        c = by_id.get(label.split()[0].split("[")[0])      # ("conv2d-k1[nki] float16")
+        if c is None or c.kernel not in user:
+            continue
+        if _beyond_contract(c, args.target):
+            beyond.append(label)
+        else:
             yours.setdefault(c.kernel, []).append((label, message))
     if yours:
         print("\nfix first:")
