@@ -9,12 +9,11 @@ rule is tolerated); NumPy for the values.
 """
 
 import importlib
-import sys
 
 import numpy as np
 import pytest
 
-from nkisim import beta1, shim
+from nkisim import beta1
 from nkisim import nki as nki_face
 from nkisim.beta1 import language as bnl
 from nkisim.errors import NKIRuleWarning
@@ -191,22 +190,6 @@ def test_rsqrt_assigned_into_a_tile_slice(version):
 # ---------------------------------------------------------------------------------------------
 # 3. neuronxcc.nki imported inside the kernel body: "Using the deprecated neuronxcc.nki.*
 #    namespace inside NKI kernels now raises a compilation error" (MIG 0.3 -> 0.4)
-
-@pytest.fixture
-def served():
-    """The shim installed for the test (`import neuronxcc...` resolves), restored after."""
-    was = shim._hook_active(), set(shim._serving)
-    saved = {n: m for n, m in sys.modules.items() if n.split(".")[0] in ("nki", "neuronxcc")}
-    shim.install(force=True)
-    yield
-    shim.uninstall()
-    for n in [n for n in sys.modules if n.split(".")[0] in ("nki", "neuronxcc")]:
-        del sys.modules[n]
-    sys.modules.update(saved)
-    if was[0]:
-        shim._serving.update(was[1])
-        sys.meta_path.insert(0, shim._finder)
-
 
 def local_import_kernel(x):
     import neuronxcc.nki.language as onl

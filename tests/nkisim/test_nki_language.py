@@ -833,25 +833,10 @@ def test_nl_range_and_bool():
     assert seen == [0, 1, 2] and nl.bool == np.bool_
 
 
-def test_isa_constants_submodule_through_the_shim():
-    import sys
-
-    from nkisim import shim
-    saved = {n: m for n, m in sys.modules.items() if n.split(".")[0] in ("nki", "neuronxcc")}
-    was = shim._hook_active(), set(shim._serving)
-    shim.install(force=True)
-    try:
-        from nki.isa import constants
-        from nki.isa.constants import oob_mode
-        assert constants.oob_mode is oob_mode is nisa.oob_mode
-    finally:
-        shim.uninstall()
-        for n in [n for n in sys.modules if n.split(".")[0] in ("nki", "neuronxcc")]:
-            del sys.modules[n]
-        sys.modules.update(saved)
-        if was[0]:
-            shim._serving.update(was[1])
-            sys.meta_path.insert(0, shim._finder)
+def test_isa_constants_submodule_through_the_shim(served):
+    from nki.isa import constants
+    from nki.isa.constants import oob_mode
+    assert constants.oob_mode is oob_mode is nisa.oob_mode
 
 
 def test_shared_identity_matrix_is_an_sbuf_tile():

@@ -245,22 +245,6 @@ def test_version_parse_and_default(monkeypatch):
 # the shim serves `import nki`
 
 
-@pytest.fixture
-def served():
-    """The shim installed for the test, restored after."""
-    was = shim._hook_active(), set(shim._serving)
-    saved = {n: m for n, m in sys.modules.items() if n.split(".")[0] in ("nki", "neuronxcc")}
-    shim.install(force=True)
-    yield
-    shim.uninstall()
-    for n in [n for n in sys.modules if n.split(".")[0] in ("nki", "neuronxcc")]:
-        del sys.modules[n]
-    sys.modules.update(saved)
-    if was[0]:
-        shim._serving.update(was[1])
-        sys.meta_path.insert(0, shim._finder)
-
-
 def test_shim_serves_nki_and_its_submodules(served):
     import nki as real_name
     import nki.collectives
