@@ -397,10 +397,12 @@ def _loop(kind, args, make_index, api=None):
     # source carries from one iteration to the next, if any
     carried = frontend.carried_names(f.f_code, f.f_lineno) if (
         make_index is LoopIndex and f is not None) else None
+    if carried is not None and not carried[0]:
+        carried = None                 # (nothing to watch: one test per iteration)
     seen = None
     try:
         for i in r:
-            if carried is not None and carried[0]:
+            if carried is not None:
                 seen = _carried_values(loop, f, carried, seen, i, api)
             if scope:                          # (tiles allocated in the previous iteration)
                 memory.end_iteration(loop)
