@@ -1057,12 +1057,8 @@ def cmd_course(args) -> int:
     # Cases beyond the course's contract (docs/course-contract.md: a tiled n that is not a
     # multiple of 128, a 5x5 filter, pool 3...) show what the kernel does not handle, but the
     # course never asks for them: they neither fail the verdict nor the exit status.
-    from . import strategies  # (hypothesis: imported only by the course command)
-
     def required(case_id):
-        case = by_id(case_id)
-        return case.source == "course" or strategies.in_course_contract(
-            case.kernel, case.params, args.target)
+        return not _beyond_contract(by_id(case_id), args.target)
     by_kernel: dict = {}
     beyond: dict = {}
     for label, message in failures:
