@@ -1300,7 +1300,7 @@ def cmd_bench(args) -> int:
         # the timed output is checked too: a grade for a kernel that computes the wrong thing
         # would mislead (the course's harness times only kernels that pass its correctness
         # tests, cs149-assignment §2)
-        wrong = _bench_output_check(spec, params, dtype, inputs, backend, out)
+        wrong = _bench_output_check(spec, params, dtype, inputs, backend, kernel, out)
     course = _course_threshold(args.kernel, params, dtype, args.target)
     if course is not None:
         label, relaxed, optimized = course
@@ -1317,14 +1317,14 @@ def cmd_bench(args) -> int:
     return 1 if wrong else 0
 
 
-def _bench_output_check(spec, params, dtype, inputs, backend, out) -> str | None:
-    """Compare the benchmarked run's output with the golden model; print the verdict line and
-    return the first reason it fails (None when it passes)."""
+def _bench_output_check(spec, params, dtype, inputs, backend, kernel, out) -> str | None:
+    """Compare the benchmarked run's output with the golden model, read as ``run_case`` reads
+    it; print the verdict line and return the first reason it fails (None when it passes)."""
     if out is None:
         print("  output              none: the kernel returned None (a missing `return out`?)")
         return "returned None"
     expected = registry.Expected(spec, dtype, inputs)
-    out = registry._as_harness_reads(spec, backend, out, expected.golden)
+    out = registry.read_output(spec, backend, kernel, out, dtype, expected)
     comparison = registry.check_output(spec, params, dtype, inputs, out, expected=expected)
     if comparison.passed:
         print("  output              matches the golden model (nki-verify's tolerance)")

@@ -346,3 +346,25 @@ def test_a_course_kernel_returning_a_wider_dtype_is_a_suspicious_pattern(tmp_pat
         texts = [str(w.message) for w in ws if issubclass(w.category, NKIWarning)]
         hit = [t for t in texts if "the kernel returns float32 for a float16 case" in t]
         assert bool(hit) == warned, texts
+
+
+def test_bench_reads_the_output_as_the_checks_do(tmp_path, monkeypatch, capsys):
+    """``nki-verify bench`` judges the output it times the way ``run_case`` does, warning
+    included: the wider output moves more bytes than the kernel the course times."""
+    import warnings
+    from pathlib import Path
+
+    from nkisim import NKIWarning
+    monkeypatch.setattr(registry, "KERNELS", dict(registry.KERNELS))
+    src = (Path(__file__).resolve().parents[2] / "kernels" / "vector_add.py").read_text()
+    line = "    out = nl.ndarray(shape=a_vec.shape, dtype=a_vec.dtype, buffer=nl.hbm)\n"
+    (tmp_path / "wide.py").write_text(src.replace(line, line.replace("a_vec.dtype",
+                                                                     "nl.float32"), 1))
+    for dtype, warned in (("float16", True), ("float32", False)):
+        with warnings.catch_warnings(record=True) as ws:
+            warnings.simplefilter("always")
+            assert cli.main(["bench", "--kernel", f"naive={tmp_path / 'wide.py'}:vector_add_naive",
+                             "-n", "128", "--dtype", dtype]) == 0
+        assert "output              matches the golden model" in capsys.readouterr().out
+        texts = [str(w.message) for w in ws if issubclass(w.category, NKIWarning)]
+        assert any("the kernel returns float32 for a float16 case" in t for t in texts) == warned
