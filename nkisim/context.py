@@ -160,6 +160,11 @@ class Rules:
     # the hardware (RN 2.32, spec nki-current §3). Beta 1's NumPy equivalent loops ``for j in
     # range(vals_2d.shape[1])`` forward (aws-neuron-sdk 1db4d74e).
     match_replace8_reverse: bool = False
+    # nc_find_index8 with duplicate vals: the same docstring pairs them "with their matching
+    # positions in ascending order across dst_idx columns" ([3, 8, 8, ...] in [1, 2, 3, 4, 8, 8,
+    # ...] gives [2, 4, 5, ...]: max8 + find_index8, AWS's top-k, gets 8 distinct indices);
+    # Beta 1's doc gives "the first occurrence of each value" (aws-neuron-sdk 1db4d74e).
+    find_index8_distinct: bool = False
     # Negative indices and negative slice bounds count from the end, as in Python/NumPy: the
     # 0.6.0 stub (NkiTensor.__getitem__) "Supports integers (select), slices, ``Ellipsis``,
     # negative indices, and nl.ds"; loops are Python ranges there (§2.0 item 4), so `t[i - 1]`

@@ -139,6 +139,20 @@ def cast(values, dtype) -> np.ndarray:
         return arr.astype(d)
 
 
+def copy_values(vals: np.ndarray, dst_dtype) -> np.ndarray:
+    """What a copy (DMA or an engine's tensor_copy) hands ``dtypes.cast`` for ``dst_dtype``:
+    between two different integer dtypes, the values as fp32, so the cast rounds and saturates
+    ("bit-accurate copy when input and output data types are the same or ... intermediate FP32
+    cast when input and output data types differ", isa tensor_copy; "first casting from
+    src.dtype to float32, then from float32 to dst.dtype", isa dma_copy): int32 40000 is int16
+    32767, not the low bits' -25536. Anything else unchanged."""
+    if vals.dtype.kind in "iu":
+        d = normalize(dst_dtype)
+        if d.kind in "iu" and d != vals.dtype:
+            return vals.astype(np.float32)
+    return vals
+
+
 def to_f32(arr: np.ndarray) -> np.ndarray:
     """Engines compute in fp32 (ref §1.3): upcast an operand."""
     if arr.dtype == F32:

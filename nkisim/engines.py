@@ -193,8 +193,11 @@ def _engine(eng, default, api, allowed=(VECTOR, SCALAR, GPSIMD)):
     return name
 
 
-def _scalar_operand(op, data_tile, api, param, run):
-    """A tensor_scalar operand: a compile-time scalar or a (P, 1) tile (ref §1.10)."""
+def _scalar_operand(op, data_tile, api, param, run, bits=False):
+    """A tensor_scalar operand: a compile-time scalar or a (P, 1) tile (ref §1.10). ``bits``
+    (a bitvec op): the operand's integer bits, not fp32 ("input elements are treated as bit
+    patterns without any data type casting", isa tensor_scalar: 0x7FFFFFFF through fp32 is
+    2**31)."""
     if isinstance(op, Tensor):
         t = _tile(op, api, param)
         s = _tile_shape(t)
@@ -202,8 +205,11 @@ def _scalar_operand(op, data_tile, api, param, run):
             raise nki_error("nkisim_shape_mismatch", params=f"data{shape_str(data_tile.shape)}, "
                             f"{param}{shape_str(t.shape)}", api=api,
                             why=f"{param} must be a scalar or a ({data_tile.shape[0]}, 1) vector")
-        v = _tile_vals(t, api, run).reshape((s[0],) + (1,) * (len(_tile_shape(data_tile)) - 1))
+        v = read(t, api, run) if bits else _tile_vals(t, api, run)
+        v = v.reshape((s[0],) + (1,) * (len(_tile_shape(data_tile)) - 1))
         return v, t
+    if bits and isinstance(op, (int, np.integer)) and not isinstance(op, bool):
+        return np.int64(op), None
     if isinstance(op, (int, float, np.integer, np.floating)):
         return np.float32(op), None
     raise nki_error("nkisim_invalid_argument", api=api,
@@ -261,7 +267,7 @@ def tensor_copy(src, *, mask=None, dtype=None, engine=engine.unknown, **kwargs):
     if eng == GPSIMD and x.root.buffer == "psum":
         raise nki_error("err_unsupported_memory", param="src", api="tensor_copy (gpsimd)",
                         expected="sbuf", got="psum")
-    vals = read(x, "tensor_copy", run)
+    vals = dtypes.copy_values(read(x, "tensor_copy", run), dtype or x.dtype)
     d = _detail(x)
     if engine is None or engine == globals()["engine"].unknown:
         d["auto_engine"] = True        # the compiler picks the engine (nkisim.cost)
@@ -303,11 +309,11 @@ def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, 
     shape = _tile_shape(x)
     v = read(x, api, run).reshape(shape)
     v = v if bitvec else dtypes.to_f32(v)
-    o0, t0 = _scalar_operand(operand0, x, api, "operand0", run)
+    o0, t0 = _scalar_operand(operand0, x, api, "operand0", run, bits=bitvec)
     tiles = [x] + ([t0] if t0 is not None else [])
     o1 = None
     if n1 is not None:
-        o1, t1 = _scalar_operand(operand1, x, api, "operand1", run)
+        o1, t1 = _scalar_operand(operand1, x, api, "operand1", run, bits=bitvec)
         if t1 is not None:
             tiles.append(t1)
     out = None
@@ -1431,14 +1437,22 @@ def max8(*, src, mask=None, dtype=None, **kwargs):
                        mask=None if rows is None else np.broadcast_to(rows, (P, 8)))
 
 
-def _first_indices(d, vals):
+def _first_indices(d, vals, distinct=False):
     """Per partition, the index of the first occurrence of each of ``vals`` in ``d`` (-1 when
-    absent), in the order of ``vals``; without replacing."""
+    absent), in the order of ``vals``; without replacing. ``distinct``: a value repeated in
+    ``vals`` takes the next occurrence each time (Rules.find_index8_distinct)."""
     out = np.full(vals.shape, -1, np.int64)
+    used = np.zeros(d.shape, bool) if distinct else None
+    rows = np.arange(d.shape[0])
     for j in range(vals.shape[1]):
         hit = d == vals[:, j:j + 1]
+        if used is not None:
+            hit &= ~used
         found = hit.any(axis=1)
-        out[:, j] = np.where(found, hit.argmax(axis=1), -1)
+        first = hit.argmax(axis=1)
+        out[:, j] = np.where(found, first, -1)
+        if used is not None:
+            used[rows[found], first[found]] = True
     return out
 
 
@@ -1469,7 +1483,8 @@ def nc_find_index8(*, data, vals, mask=None, dtype=None, **kwargs):
     m = _src_mask(mask, _tile_shape(d))
     if m is not None:
         dv = np.where(m.reshape(P, -1), dv, np.nan)       # masked-out elements never match
-    idx = _first_indices(dv, _tile_vals(vt, api, run).reshape(P, 8))
+    idx = _first_indices(dv, _tile_vals(vt, api, run).reshape(P, 8),
+                         distinct=run.rules.find_index8_distinct)
     idx = np.where(idx < 0, np.iinfo(dt).max, idx)
     detail = _detail(d, vt)
     detail["in_free"] = dv.shape[1]

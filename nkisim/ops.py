@@ -714,7 +714,7 @@ def _dma(dst: Tensor, src: Tensor, src_vals, api: str, run, mask=None, accumulat
     if accumulate_op is not None:
         cur = dtypes.to_f32(read(dst, api, run))
         src_vals = accumulate_op(cur, dtypes.to_f32(src_vals))
-    write(dst, src_vals, api, run=run, mask=mask)
+    write(dst, dtypes.copy_values(np.asarray(src_vals), dst.dtype), api, run=run, mask=mask)
     if mask is not None and mask.all():
         mask = None
     # a masked DMA moves only the elements its mask keeps (ref §1.12: the instruction "only
@@ -1024,6 +1024,11 @@ def apply_binary(name, a, b):
         return fn(a, b)           # (the commonest case first: one lookup)
     if name in _UNARY_ALU_FN:
         return _UNARY_ALU_FN[name](np.asarray(a, np.float32))
+    if name == "invert":
+        # the ALU's one-input bitvec op ("Bitwise Not", nki.api.shared tbl-aluop): the first
+        # input's bits, the second (tensor_scalar's operand, "None or 0") ignored
+        a = np.asarray(a)
+        return np.invert(a) if a.dtype == np.bool_ else np.invert(a.astype(np.int64))
     fn = _BINARY_FN[name]
     # no np.errstate here: a run computes under np.errstate(all="ignore") (runtime.simulate)
     if _bitvec_op(name):
@@ -1345,7 +1350,11 @@ _REDUCE_FN = {"add": np.sum, "sum": np.sum, "max": np.max, "maximum": np.max, "m
               "minimum": np.min, "multiply": np.prod, "prod": np.prod, "mean": np.mean,
               "all": np.all, "any": np.any, "bitwise_and": np.bitwise_and.reduce,
               "bitwise_or": np.bitwise_or.reduce, "bitwise_xor": np.bitwise_xor.reduce,
-              "logical_and": np.all, "logical_or": np.any, "var": np.var}
+              "logical_and": np.all, "logical_or": np.any, "var": np.var,
+              # "Logical Xor ... Legal Reduction op: Y" (ALU table, nki.api.shared.rst): true
+              # where an odd number of the elements is non-zero
+              "logical_xor": lambda v, axis, keepdims, **kw: np.logical_xor.reduce(
+                  np.asarray(v) != 0, axis=axis, keepdims=keepdims, **kw)}
 
 
 def reduce_axes(t: Tensor, axis, api) -> tuple:

@@ -409,8 +409,9 @@ _F32ISH = {np.dtype(np.float32), dtypes.TF32}
 def _unary_operand(op0, operand0, api):
     """operand0 of a unary op0: "Must be None or 0 when op0 is a unary operator (e.g.,
     nl.abs)" (STUB-R32 tensor_scalar, tensor_scalar_reduce); the core takes the 0."""
-    if operand0 is None and _core._alu_name(_tok(op0), api) in _ops._UNARY_ALU_FN:
-        return 0.0
+    if operand0 is None and (_core._alu_name(_tok(op0), api) in _ops._UNARY_ALU_FN or
+                             _core._alu_name(_tok(op0), api) == "invert"):
+        return 0
     return operand0
 
 
@@ -497,6 +498,13 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_mode.unknown,
             why = f"src.dtype is 2 bytes (got {dtypes.name(src.dtype)})"
         if why:
             raise _invalid(f"{api} with dge_mode=hwdge needs {why}")
+    elif dm is globals()["dge_mode"].swdge and src._idx is None:
+        # swdge only for an indirect (.ap(vector_offset=...)) source: "DMA Direct Transpose
+        # Constraints: The only valid dge_modes are unknown and hwdge" (STUB-R32); AWS's
+        # swdge transposes (nki-library attention_tkg) are indirect
+        raise _invalid(f"{api} of a direct (not indirect) src takes dge_mode unknown or hwdge, "
+                       "got swdge (\"The only valid dge_mode s are unknown and hwdge\"; swdge "
+                       "is for an indirect src, .ap(vector_offset=...))")
     elif dm is globals()["dge_mode"].none:
         # "The only valid dge_modes are unknown and hwdge" (direct) / "unknown and swdge"
         # (indirect); AWS's nki-library mlp_tkg_gate_up_projection (CI-tested) passes
@@ -578,10 +586,14 @@ def tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=N
     eng = _core_engine(engine, api)
     _onchip(dst, api, "dst")
     _onchip(data, api, "data")
+    # "arithmetic operators ... the operand0 and operand1 (if used) must be float32"; bitvec
+    # operators treat everything as bit patterns (STUB-R32 tensor_scalar)
+    bitvec = _core._alu_name(_tok(op0), api) in _core._BITVEC
     for param, o in (("operand0", operand0), ("operand1", operand1)):
         if isinstance(o, Tensor):
             _onchip(o, api, param)
-        _fp32_operand(o, api, param)
+        if not bitvec:
+            _fp32_operand(o, api, param)
     _no_gpsimd_psum(api, eng, dst=dst, data=data, operand0=operand0, operand1=operand1)
     if eng == _core.engine.scalar and context.current().arch.nc_version == 3:
         # "On trn2 the Scalar Engine only accepts (mul, add), (mul, None) and (add, None)"

@@ -657,3 +657,137 @@ def test_dma_copy_engine_values():
     with invalid("use sync or scalar"):
         k(x, nisa.engine.vector, nisa.dge_mode.hwdge)
     k(x, nisa.engine.scalar, nisa.dge_mode.hwdge)
+
+
+# ---------------------------------------------------------------------------------------------
+# From a sweep of the current dialect's less common ops against the STUB-R32 docstrings.
+
+def test_nc_find_index8_pairs_duplicate_vals_with_ascending_positions():
+    # "the opposite of nc_find_index8, which pairs duplicate vals with their matching positions
+    # in ascending order across dst_idx columns" (nc_match_replace8 docstring): max8 of a row
+    # with ties feeds nc_find_index8 8 distinct indices (nki-library's top-k does so)
+    def body(d, v):
+        idx = sb((1, 8), np.uint32)
+        nisa.nc_find_index8(dst=idx, data=d, vals=v)
+        return idx
+
+    assert run(body, MR_DATA, MR_VALS)[0][0].tolist() == [2, 4, 5, 6, 7, 8, 9, 10]
+
+
+def test_nc_find_index8_beta1_keeps_the_first_occurrence():
+    # Beta 1's doc: "the indices ... of the first occurrence of each value"
+    @b1.jit
+    def k(a, v):
+        idx = b1isa.nc_find_index8(data=b1.language.load(a), vals=b1.language.load(v))
+        o = b1.language.ndarray((1, 8), dtype=np.uint32, buffer=b1.language.shared_hbm)
+        b1.language.store(o, idx)
+        return o
+
+    assert b1.simulate_kernel(k, MR_DATA, MR_VALS)[0].tolist() == [2, 4, 4, 4, 4, 4, 4, 4]
+
+
+BITS = np.array([[-1, -2, 5, 0x12345678, -0x12345678, 7, -7, 1]] * 4, np.int32)
+
+
+@pytest.mark.parametrize("mask", [0x7FFFFFFF, 0x12345679, 0x01FFFFFF])
+def test_tensor_scalar_bitvec_immediate_keeps_its_bits(mask):
+    # "input elements are treated as bit patterns without any data type casting" (STUB-R32
+    # tensor_scalar): 0x7FFFFFFF through fp32 would be 2**31, the sign bit
+    def body(x):
+        r = sb(x.shape, np.int32)
+        nisa.tensor_scalar(dst=r, data=x, op0=ops.bitwise_and, operand0=mask)
+        return r
+
+    np.testing.assert_array_equal(run(body, BITS)[0], BITS & mask)
+
+
+def test_tensor_scalar_bitvec_takes_an_int32_tile_operand():
+    # the "operand0 and operand1 (if used) must be float32" sentence is the arithmetic
+    # operators' (STUB-R32 tensor_scalar); an fp32 tile operand of an arithmetic op is kept
+    masks = np.array([[0x7FFFFFFF], [0xFF], [0x0F0F0F0F], [1]], np.int32)
+
+    def body(x, m):
+        r = sb(x.shape, np.int32)
+        nisa.tensor_scalar(dst=r, data=x, op0=ops.bitwise_xor, operand0=m)
+        return r
+
+    np.testing.assert_array_equal(run(body, BITS, masks)[0], BITS ^ masks)
+
+    def arith(x, m):
+        r = sb(x.shape, np.int32)
+        nisa.tensor_scalar(dst=r, data=x, op0=ops.add, operand0=m)
+        return r
+
+    with invalid("operand0 must be float32 when it is a tile"):
+        run(arith, BITS, masks)
+
+
+@pytest.mark.parametrize("operand0", [0, None])
+def test_tensor_scalar_invert_is_bitwise_not(operand0):
+    # "Bitwise Not | nki.language.invert" (tbl-aluop); operand0 "Must be None or 0 when op0 is
+    # a unary operator"
+    def body(x):
+        r = sb(x.shape, np.int32)
+        nisa.tensor_scalar(dst=r, data=x, op0=ops.invert, operand0=operand0)
+        return r
+
+    np.testing.assert_array_equal(run(body, BITS)[0], ~BITS)
+
+
+def test_tensor_reduce_logical_xor_is_the_parity_of_the_non_zero_elements():
+    # tbl-aluop: "Logical Xor | nki.language.logical_xor | Y" (legal reduction op)
+    x = (np.random.default_rng(3).random((4, 9)) > 0.5).astype(np.float32)
+
+    def body(t):
+        r = sb((4, 1))
+        nisa.tensor_reduce(dst=r, op=ops.logical_xor, data=t, axis=(1,))
+        return r
+
+    np.testing.assert_array_equal(run(body, x)[0].ravel(), x.sum(axis=1) % 2)
+
+
+INTS = np.array([[2**31 - 1, -2**31, 40000, -40000, 300, 1, -1, 0]], np.int32)
+
+
+@pytest.mark.parametrize("dt", [np.int16, np.int8, np.uint8, np.uint16, np.uint32])
+@pytest.mark.parametrize("how", ["tensor_copy", "dma_copy"])
+def test_an_int_to_int_copy_goes_through_fp32(dt, how):
+    # "(2) intermediate FP32 cast when input and output data types differ" (tensor_copy);
+    # "first casting from src.dtype to float32, then from float32 to dst.dtype" (dma_copy):
+    # rounded and saturated, not the low bits
+    def body(x):
+        r = sb(x.shape, dt)
+        if how == "tensor_copy":
+            nisa.tensor_copy(dst=r, src=x)
+        else:
+            nisa.dma_copy(dst=r, src=x)
+        return r
+
+    info = np.iinfo(dt)
+    expect = np.clip(np.rint(INTS.astype(np.float32).astype(np.float64)), info.min, info.max)
+    np.testing.assert_array_equal(run(body, INTS)[0], expect.astype(dt))
+
+
+def test_an_int_copy_of_the_same_dtype_is_bit_exact():
+    # "(1) bit-accurate copy when input and output data types are the same": 16777217 has no
+    # fp32
+    x = np.array([[16777217, -2**31, 2**31 - 1]], np.int32)
+
+    def body(t):
+        r = sb(t.shape, np.int32)
+        nisa.tensor_copy(dst=r, src=t)
+        return r
+
+    np.testing.assert_array_equal(run(body, x)[0], x)
+
+
+def test_a_direct_dma_transpose_refuses_swdge():
+    # "DMA Direct Transpose Constraints: The only valid dge_mode s are unknown and hwdge"
+    @nki.jit
+    def k(a):
+        t = sb((a.shape[1], a.shape[0]))
+        nisa.dma_transpose(dst=t, src=a, dge_mode=nisa.dge_mode.swdge)
+        return out_of(t)
+
+    with invalid("takes dge_mode unknown or hwdge, got swdge"):
+        k(np.ones((16, 32), np.float32))
