@@ -185,7 +185,7 @@ def _targets(node) -> list:
     return [n.id for n in ast.walk(node) if isinstance(n, ast.Name)]
 
 
-def _loads(node, exposed, defined, used, updated=()):
+def _loads(node, exposed, defined, used, stored=None, updated=()):
     """Record the names ``node`` reads: exposed when not yet defined in this iteration, used
     unless only to update themselves (``updated``: the statement's own targets) or to place a
     direct allocation. AWS's CI-tested reference/allocated_attention.py (nki-samples fc5c69f)
@@ -195,6 +195,12 @@ def _loads(node, exposed, defined, used, updated=()):
     nothing."""
     harmless = set()            # ids of the nodes whose reads are not uses
     bases = _subscript_bases(node)
+    # `(lo := m * 64)`: bound before the rest of the statement reads it (nearly always: the
+    # statement is read as a whole)
+    walrus = {n.target.id for n in _own_nodes([node]) if isinstance(n, ast.NamedExpr)}
+    outer = defined
+    if walrus:
+        defined = defined | walrus
     for n in _own_nodes([node]):
         if isinstance(n, ast.Call) and (_called(n.func).endswith("alloc") or
                                         _called(n.func) in _REPORTING) or \
@@ -207,6 +213,10 @@ def _loads(node, exposed, defined, used, updated=()):
                 exposed.add(n.id)
             if n.id not in updated and id(n) not in harmless:
                 used.setdefault(n.id, set()).add(bases.get(id(n)))
+    if walrus:
+        outer.update(walrus)
+        if stored is not None:
+            stored.update(walrus)
 
 
 _REPORTING = {"print", "repr", "str", "format", "debug", "info", "warning", "error", "log"}
@@ -217,28 +227,37 @@ def _called(func) -> str:
 
 
 def _scan(stmts, defined, exposed, stored, used):
-    """One pass over a body in execution order; a name assigned inside a nested block counts
-    as assigned but not as defined after that block (the block may not run)."""
+    """One pass over a body in execution order. A name assigned in a branch of an ``if`` or
+    in a nested ``for`` body counts as defined after it: the Beta 1 front end traces a nested
+    loop's body once (an nl.static_range one is unrolled), and an ``if`` on trace-time values
+    takes the same branch in every iteration (one on a carried number is caught through that
+    number), so ``if pool == 2: row = r * 2`` / ``else: row = r`` defines ``row`` afresh in
+    every iteration. A name assigned only in a ``while``, ``try`` or ``else`` block of a loop
+    counts as assigned but not as defined after it (the block may not run)."""
     for s in stmts:
         if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             defined.add(s.name)
         elif isinstance(s, (ast.For, ast.AsyncFor)):
-            _loads(s.iter, exposed, defined, used)
+            _loads(s.iter, exposed, defined, used, stored)
             names = _targets(s.target)
             stored.update(names)
-            _scan(s.body, defined | set(names), exposed, stored, used)
+            inner = defined | set(names)
+            _scan(s.body, inner, exposed, stored, used)
             _scan(s.orelse, set(defined), exposed, stored, used)
+            defined.update(inner - set(names))
         elif isinstance(s, ast.While):
-            _loads(s.test, exposed, defined, used)
+            _loads(s.test, exposed, defined, used, stored)
             _scan(s.body, set(defined), exposed, stored, used)
             _scan(s.orelse, set(defined), exposed, stored, used)
         elif isinstance(s, ast.If):
-            _loads(s.test, exposed, defined, used)
-            _scan(s.body, set(defined), exposed, stored, used)
-            _scan(s.orelse, set(defined), exposed, stored, used)
+            _loads(s.test, exposed, defined, used, stored)
+            then, other = set(defined), set(defined)
+            _scan(s.body, then, exposed, stored, used)
+            _scan(s.orelse, other, exposed, stored, used)
+            defined.update(then | other)
         elif isinstance(s, (ast.With, ast.AsyncWith)):
             for item in s.items:
-                _loads(item.context_expr, exposed, defined, used)
+                _loads(item.context_expr, exposed, defined, used, stored)
                 if item.optional_vars is not None:
                     names = _targets(item.optional_vars)
                     stored.update(names)
@@ -252,8 +271,8 @@ def _scan(stmts, defined, exposed, stored, used):
             _scan(s.finalbody, set(defined), exposed, stored, used)
         elif isinstance(s, ast.AugAssign):
             names = _targets(s.target) if isinstance(s.target, ast.Name) else []
-            _loads(s.value, exposed, defined, used)
-            _loads(s.target, exposed, defined, used)       # (a subscript's own names)
+            _loads(s.value, exposed, defined, used, stored)
+            _loads(s.target, exposed, defined, used, stored)   # (a subscript's own names)
             for name in names:                              # `x += ...` reads x to update it
                 if name not in defined:
                     exposed.add(name)
@@ -263,10 +282,10 @@ def _scan(stmts, defined, exposed, stored, used):
             targets = s.targets if isinstance(s, ast.Assign) else [s.target]
             names = [t.id for t in targets if isinstance(t, ast.Name)]
             if s.value is not None:
-                _loads(s.value, exposed, defined, used, updated=names)
+                _loads(s.value, exposed, defined, used, stored, updated=names)
             for t in targets:
                 if not isinstance(t, ast.Name):
-                    _loads(t, exposed, defined, used)       # `a[i] = ...`, `x, y = ...`
+                    _loads(t, exposed, defined, used, stored)   # `a[i] = ...`, `x, y = ...`
                     for n in _targets(t):
                         if isinstance(t, (ast.Tuple, ast.List)):
                             stored.add(n)
@@ -275,7 +294,7 @@ def _scan(stmts, defined, exposed, stored, used):
                 stored.update(names)
                 defined.update(names)
         else:
-            _loads(s, exposed, defined, used)
+            _loads(s, exposed, defined, used, stored)
             for n in _own_nodes([s]):
                 if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
                     stored.add(n.id)            # (walrus, import, ...)

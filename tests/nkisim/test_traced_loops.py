@@ -221,3 +221,51 @@ def test_a_loop_index_carried_into_the_next_iteration_is_caught():
 
     with pytest.raises(ValueError, match=r"`prev` changes from one iteration .* \(0, then 1\)"):
         run(body, A, B)
+
+
+POOL = 2
+FLAG = True
+
+
+def test_names_every_branch_or_a_nested_loop_assigns_are_fresh_in_each_iteration():
+    # the device's traced body assigns them before it reads them in every iteration: an if on a
+    # trace-time value takes the same branch each time, a nested loop's body is traced once (a
+    # static_range one unrolled), and a walrus binds before the rest of its statement reads it
+    def body(a, b):
+        out = nl.ndarray((1024,), dtype=a.dtype, buffer=nl.shared_hbm)
+        for m in nl.affine_range(8):
+            if POOL == 2:
+                off = m * 128
+            elif POOL == 3:
+                off = m * 64
+            else:
+                off = 0
+            if FLAG:
+                width = 128
+            for j in nl.static_range(2):
+                half = off + j * 64
+            lo = half - 64
+            x = nl.load(a[lo:lo + width])
+            y = nl.load(b[off:off + width])
+            nl.store(out[(start := m * 128):start + width], nl.add(x, y))
+        return out
+
+    np.testing.assert_array_equal(run(body, A, B), A + B)
+
+
+def test_a_counter_beside_a_branch_is_still_carried():
+    # the branch assigns another name; `off` is still read before the body changes it
+    def body(a, b):
+        out = nl.ndarray((1024,), dtype=a.dtype, buffer=nl.shared_hbm)
+        off = 0
+        for m in nl.affine_range(8):             # noqa: B007
+            if FLAG:
+                w = 128
+            nl.store(out[off:off + w], nl.add(nl.load(a[off:off + w]),
+                                              nl.load(b[off:off + w])))
+            for j in nl.affine_range(1):         # noqa: B007
+                off += 128
+        return out
+
+    with pytest.raises(ValueError, match="`off` changes from one iteration"):
+        run(body, A, B)
