@@ -222,6 +222,8 @@ def _scalar_operand(op, data_tile, api, param, run, bits=False):
 def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=oob_mode.error,
              dge_mode=dge_mode.unknown, **kwargs):
     """DMA ``src`` -> ``dst`` (HBM or SBUF, never PSUM); casts if dtypes differ."""
+    if kwargs:
+        nl.ignored_keywords(dma_copy, kwargs)
     run = context.current()
     for p, t in (("src", src), ("dst", dst)):
         if not isinstance(t, Tensor):
@@ -261,6 +263,8 @@ def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=oob_mode.error,
 
 @into_target
 def tensor_copy(src, *, mask=None, dtype=None, engine=engine.unknown, **kwargs):
+    if kwargs:
+        nl.ignored_keywords(tensor_copy, kwargs)
     run = context.current()
     x = _tile(src, "tensor_copy", "src")
     eng = _engine(engine, VECTOR, "tensor_copy")
@@ -282,6 +286,8 @@ def tensor_copy(src, *, mask=None, dtype=None, engine=engine.unknown, **kwargs):
 def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
                   *, dtype=None, mask=None, engine=engine.unknown, **kwargs):
     """``(data <op0> operand0) <op1> operand1`` with scalar or (P, 1) operands."""
+    if kwargs:
+        nl.ignored_keywords(tensor_scalar, kwargs)
     run = context.current()
     api = "tensor_scalar"
     x = _tile(data, api, "data")
@@ -346,6 +352,8 @@ def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, 
 @into_target
 def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unknown, **kwargs):
     """Element-wise ``data1 <op> data2``; both tiles have the same partitions."""
+    if kwargs:
+        nl.ignored_keywords(tensor_tensor, kwargs)
     run = context.current()
     api = "tensor_tensor"
     a = _tile(data1, api, "data1")
@@ -453,6 +461,8 @@ def _int_exact(run, name, a, b, dtype, engine, eng) -> bool:
 def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False,
                          dtype=None, mask=None, engine=engine.unknown, **kwargs):
     """``(data <op0> operand0) <op1> operand1`` with operand0 scalar/(P,1), operand1 a tile."""
+    if kwargs:
+        nl.ignored_keywords(scalar_tensor_tensor, kwargs)
     run = context.current()
     api = "scalar_tensor_tensor"
     x = _tile(data, api, "data")
@@ -482,6 +492,8 @@ def scalar_tensor_tensor(*, data, op0, operand0, op1, operand1, reverse0=False, 
 def tensor_tensor_scan(data0, data1, initial, op0, op1, reverse0=False, reverse1=False, *,
                        dtype=None, mask=None, **kwargs):
     """``res[:, i] = op1(op0(data0[:, i], res[:, i-1]), data1[:, i])`` along the free axis."""
+    if kwargs:
+        nl.ignored_keywords(tensor_tensor_scan, kwargs)
     run = context.current()
     api = "tensor_tensor_scan"
     a = _tile(data0, api, "data0")
@@ -515,6 +527,8 @@ def tensor_tensor_scan(data0, data1, initial, op0, op1, reverse0=False, reverse1
 def tensor_reduce(op, data, axis, *, mask=None, dtype=None, negate=False, keepdims=False,
                   **kwargs):
     """Reduce free axes with ``op`` on VectorE; ``negate`` multiplies the result by -1."""
+    if kwargs:
+        nl.ignored_keywords(tensor_reduce, kwargs)
     run = context.current()
     api = "tensor_reduce"
     x = _tile(data, api, "data")
@@ -573,6 +587,8 @@ def _reduce_axes_rule(run, axis, api):
 def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
                reduce_cmd=reduce_cmd.idle, mask=None, dtype=None, **kwargs):
     """ScalarE ``op(data * scale + bias)`` in fp32, cast to ``dtype`` (ref §1.10)."""
+    if kwargs:
+        nl.ignored_keywords(activation, kwargs)
     run = context.current()
     api = "activation"
     x = _tile(data, api, "data")
@@ -711,6 +727,8 @@ def activation_reduce(op, data, *, reduce_op, reduce_res, bias=None, scale=1.0, 
     """activation and "also a reduction along the free dimension of the nisa.activation result
     ... stored in the reduce_res" (Beta 1); "equivalent to calling nisa.activation with
     reduce_cmd=nisa.reduce_cmd.reset_reduce" (0.3+ docs)."""
+    if kwargs:
+        nl.ignored_keywords(activation_reduce, kwargs)
     return activation(op, data, bias=bias, scale=scale, reduce_op=reduce_op,
                       reduce_res=reduce_res, reduce_cmd=reduce_cmd.reset_reduce, mask=mask,
                       dtype=dtype)
@@ -718,6 +736,8 @@ def activation_reduce(op, data, *, reduce_op, reduce_res, bias=None, scale=1.0, 
 
 @into_target
 def reciprocal(data, *, dtype=None, mask=None, engine=engine.unknown, **kwargs):
+    if kwargs:
+        nl.ignored_keywords(reciprocal, kwargs)
     run = context.current()
     x = _tile(data, "reciprocal", "data")
     v = _tile_vals(x, "reciprocal", run)
@@ -735,6 +755,8 @@ def reciprocal(data, *, dtype=None, mask=None, engine=engine.unknown, **kwargs):
 
 def iota(expr, dtype, *, mask=None, **kwargs):
     """Constants from an affine ``nl.arange`` expression, computed in int32 on GpSimd."""
+    if kwargs:
+        nl.ignored_keywords(iota, kwargs)
     run = context.current()
     if not isinstance(expr, IndexExpr):
         raise nki_error("nkisim_invalid_argument", api="iota",
@@ -751,6 +773,8 @@ def iota(expr, dtype, *, mask=None, **kwargs):
 @into_target
 def memset(shape, value, dtype, *, mask=None, engine=engine.unknown, **kwargs):
     """A tile filled with a constant (VectorE or GpSimd)."""
+    if kwargs:
+        nl.ignored_keywords(memset, kwargs)
     run = context.current()
     shape = tuple(int(s) for s in shape)
     eng = _engine(engine, VECTOR, "memset", (VECTOR, GPSIMD))
@@ -763,6 +787,8 @@ def memset(shape, value, dtype, *, mask=None, engine=engine.unknown, **kwargs):
 
 def affine_select(pred, on_true_tile, on_false_value, *, mask=None, dtype=None, **kwargs):
     """``pred ? on_true : on_false_value`` with an affine predicate of indices (GpSimd)."""
+    if kwargs:
+        nl.ignored_keywords(affine_select, kwargs)
     run = context.current()
     api = "affine_select"
     if not isinstance(pred, MaskExpr):
@@ -893,6 +919,8 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     ``perf_mode='double_row_gen3'`` (trn2 fp8 double-row): stationary [K, 2, M] and moving
     [K, 2, N], contracting over (K, 2): AWS's SDK test test_nki_isa_nc_matmul.py::
     test_double_row_gen3 checks ``einsum("kli,klj->ij")`` (ref §1.10)."""
+    if kwargs:
+        nl.ignored_keywords(nc_matmul, kwargs)
     run = context.current()
     api = "nc_matmul"
     if PENDING:                 # one whose `+=` never consumed it: built now, in order
@@ -1255,6 +1283,8 @@ def _double_row(run, st, mv, mode, mask):
 def nc_transpose(data, *, mask=None, dtype=None, engine=engine.unknown, **kwargs):
     """Swap partition and (flattened) free axes: TensorE <= (128,128) into PSUM, VectorE
     <= (32,32) in SBUF/PSUM (ref §1.10)."""
+    if kwargs:
+        nl.ignored_keywords(nc_transpose, kwargs)
     run = context.current()
     api = "nc_transpose"
     x = _tile(data, api, "data")
@@ -1307,6 +1337,8 @@ def tensor_copy_dynamic_src(src, *, mask=None, dtype=None, engine=engine.unknown
     """Copy ``src``, an SBUF/PSUM tile indexed at an offset read from SBUF at run time, into a
     new SBUF tile (docs; AWS nki/test/test_nki_isa_tensor_copy_dynamic.py indexes it with
     ``offsets_sbuf[0, idx]`` / ``offsets_sbuf[0, idx] + iy``)."""
+    if kwargs:
+        nl.ignored_keywords(tensor_copy_dynamic_src, kwargs)
     run = context.current()
     api = "tensor_copy_dynamic_src"
     x = _tile(src, api, "src")
@@ -1319,6 +1351,8 @@ def tensor_copy_dynamic_dst(*, dst, src, mask=None, dtype=None, engine=engine.un
                             **kwargs):
     """Copy ``src`` into ``dst``, a tile indexed at an offset read from SBUF at run time
     (docs); same partitions and elements per partition."""
+    if kwargs:
+        nl.ignored_keywords(tensor_copy_dynamic_dst, kwargs)
     run = context.current()
     api = "tensor_copy_dynamic_dst"
     d = _tile(dst, api, "dst")
@@ -1416,6 +1450,8 @@ def max8(*, src, mask=None, dtype=None, **kwargs):
     """The 8 largest values of each partition, descending, as a (P, 8) tile (docs: "converts
     them to fp32 internally"; 8 to 16,384 elements per partition). Only the elements ``mask``
     keeps are considered; partitions it excludes are not written."""
+    if kwargs:
+        nl.ignored_keywords(max8, kwargs)
     run = context.current()
     api = "max8"
     x = _tile(src, api, "src")
@@ -1472,6 +1508,8 @@ def nc_find_index8(*, data, vals, mask=None, dtype=None, **kwargs):
     """Index (from 0, free dims flattened) of the first occurrence of each of the 8 ``vals`` in
     each partition of ``data``; uint32 by default (docs). A value absent from ``data`` is
     "undefined" behaviour: nkisim returns the all-ones index so a use of it shows."""
+    if kwargs:
+        nl.ignored_keywords(nc_find_index8, kwargs)
     run = context.current()
     api = "nc_find_index8"
     d, vt, P = _data_and_vals8(data, vals, api)
@@ -1496,6 +1534,8 @@ def nc_match_replace8(*, data, vals, imm, dst_idx=None, mask=None, dtype=None, *
     the current dialect, each search seeing the previous replacements) with ``imm``; optionally
     write the flattened indices of the matches into ``dst_idx`` (the docs' NumPy equivalent).
     ``mask`` applies to ``data``."""
+    if kwargs:
+        nl.ignored_keywords(nc_match_replace8, kwargs)
     run = context.current()
     api = "nc_match_replace8"
     d, vt, P = _data_and_vals8(data, vals, api)
@@ -1545,6 +1585,8 @@ def select_reduce(*, dst, predicate, on_true, on_false, reduce_res=None,
     """``dst = where(predicate (or its negation), on_true, on_false)`` with an optional max
     reduction per partition into ``reduce_res`` through the accumulator registers (docs' NumPy
     expression). ``on_false``: a scalar or a (P, 1) tile."""
+    if kwargs:
+        nl.ignored_keywords(select_reduce, kwargs)
     run = context.current()
     api = "select_reduce"
     dt_ = _tile(dst, api, "dst")
@@ -1590,6 +1632,8 @@ def range_select(*, on_true_tile, comp_op0, comp_op1, bound0, bound1,
     comp_op1(i, bound1)``, others become ``on_false_value``; max-reduce per partition through
     the accumulator registers (docs' NumPy equivalent). "Available only on NeuronCore-v3 and
     beyond"."""
+    if kwargs:
+        nl.ignored_keywords(range_select, kwargs)
     run = context.current()
     api = "range_select"
     require_nc_version(run, api, 3)
@@ -1637,6 +1681,8 @@ def tensor_scalar_reduce(*, data, op0, operand0, reduce_op, reduce_res, reverse0
     ``load_reduce`` "Load the values from reduce_init into the accumulator, then accumulate the
     current result on top of it"; ``reduce_res`` (optional then) receives the accumulator,
     negated with ``reduce_res_negate`` ("does not modify the internal reduction registers")."""
+    if kwargs:
+        nl.ignored_keywords(tensor_scalar_reduce, kwargs)
     run = context.current()
     api = "tensor_scalar_reduce"
     x = _tile(data, api, "data")
@@ -1708,6 +1754,8 @@ def tensor_partition_reduce(op, data, *, mask=None, dtype=None, **kwargs):
     """Reduce across the partitions of ``data`` on GpSimd: a (1, free...) tile (docs; op add,
     max, bitwise_or or bitwise_and; AWS test_nki_isa_partition_reduce.py compares with
     ``np.sum(a, axis=0, keepdims=True)``)."""
+    if kwargs:
+        nl.ignored_keywords(tensor_partition_reduce, kwargs)
     run = context.current()
     api = "tensor_partition_reduce"
     x = _tile(data, api, "data")
@@ -1740,6 +1788,8 @@ def nc_stream_shuffle(src, dst, shuffle_mask, *, dtype=None, mask=None, **kwargs
     """Cross-partition moves inside each 32-partition quadrant: ``dst[q*32 + i] = src[q*32 +
     shuffle_mask[i]]``, ``255`` leaves ``dst[q*32 + i]`` unchanged; the same mask for every
     quadrant; in place allowed (docs; AWS test_nki_isa_nc_stream_shuffle.py)."""
+    if kwargs:
+        nl.ignored_keywords(nc_stream_shuffle, kwargs)
     run = context.current()
     api = "nc_stream_shuffle"
     s = _tile(src, api, "src")
@@ -1787,6 +1837,8 @@ def dma_transpose(src, *, axes=None, mask=None, dtype=None, **kwargs):
     """Transpose on the DMA engines into a new SBUF tile: 2-D (1, 0), 3-D (2, 1, 0), 4-D
     (3, 1, 2, 0) (docs); ``src`` in HBM or SBUF (AWS test_nki_nl_load_transpose2d.py:
     ``nisa.dma_transpose(in_tensor)`` of a (2048, 128) HBM tensor gives its transpose)."""
+    if kwargs:
+        nl.ignored_keywords(dma_transpose, kwargs)
     run = context.current()
     api = "dma_transpose"
     if not isinstance(src, Tensor):
@@ -1826,6 +1878,8 @@ def bn_stats(data, *, mask=None, dtype=None, **kwargs):
     """Per partition ``(count, mean, variance*count)`` of the even-indexed elements, then of the
     odd-indexed ones: a (P, 6) tile, fp32 math (docs); at most ``bn_stats_fmax`` (512)
     elements per partition."""
+    if kwargs:
+        nl.ignored_keywords(bn_stats, kwargs)
     run = context.current()
     api = "bn_stats"
     x = _tile(data, api, "data")
@@ -1863,6 +1917,8 @@ def _masked_rows(v, m):
 def bn_aggr(data, *, mask=None, dtype=None, **kwargs):
     """Aggregate ``(count, mean, variance*count)`` triples (one or more bn_stats outputs) into
     a (P, 2) tile of mean and (population) variance per partition (docs)."""
+    if kwargs:
+        nl.ignored_keywords(bn_aggr, kwargs)
     run = context.current()
     api = "bn_aggr"
     x = _tile(data, api, "data")
@@ -1889,6 +1945,8 @@ def dropout(data, prob, *, mask=None, dtype=None, **kwargs):
     """Replace each element with zero with probability ``prob`` (a scalar, or a (P, 1) tile with
     one probability per partition); the others keep their value, no rescaling (docs: "If the
     probability is 1.0, all elements are replaced with zeros")."""
+    if kwargs:
+        nl.ignored_keywords(dropout, kwargs)
     run = context.current()
     api = "dropout"
     x = _tile(data, api, "data")
@@ -1911,6 +1969,8 @@ def tensor_copy_predicated(*, src, dst, predicate, reverse_pred=False, mask=None
     """Copy ``src`` (a tile or a scalar) into ``dst`` where ``predicate`` is true (false with
     ``reverse_pred``); other ``dst`` elements are unchanged (docs). AWS's example
     (test_nki_isa_copypredicated.py) passes a bool predicate, which the simulator accepts."""
+    if kwargs:
+        nl.ignored_keywords(tensor_copy_predicated, kwargs)
     run = context.current()
     api = "tensor_copy_predicated"
     d = _tile(dst, api, "dst")
@@ -1956,6 +2016,8 @@ def local_gather(src_buffer, index, num_elem_per_idx=1, num_valid_indices=None, 
     gathers ``num_elem_per_idx`` contiguous elements starting at each index (an element offset
     in the partition). Result: (P, num_valid_indices, num_elem_per_idx), ``src_buffer``'s dtype.
     """
+    if kwargs:
+        nl.ignored_keywords(local_gather, kwargs)
     run = context.current()
     api = "local_gather"
     s = _tile(src_buffer, api, "src_buffer")
@@ -2000,6 +2062,8 @@ def sequence_bounds(*, segment_ids, dtype=None, **kwargs):
     """For each element of a (1, n) tile of segment ids, the [start, end) bounds of its segment:
     a (1, 2, n) tile; padding (id 0) gets start n and end -1 (docs; the NumPy equivalent in AWS
     test_nki_isa_sequence_bounds.py)."""
+    if kwargs:
+        nl.ignored_keywords(sequence_bounds, kwargs)
     run = context.current()
     api = "sequence_bounds"
     x = _tile(segment_ids, api, "segment_ids")

@@ -16,6 +16,7 @@ from . import context, dtypes
 from .engines import require_nc_version
 from .errors import nki_error, shape_str
 from .ops import _detail, _tile, result_tile
+from .ops import ignored_keywords as _ignored_keywords
 from .tensor import _free, _partitions, read, region, values, write
 from .trace import GPSIMD
 
@@ -34,6 +35,8 @@ def nc_n_gather(data, indices, *, dtype=None, **kwargs):
     flattened ... The free dimensions of indices determine the shape of the output"). Indices
     are uint32 and "must be within the range [0, data.size / data.shape[0])": one outside is
     an error (the docs define no out-of-range behaviour)."""
+    if kwargs:
+        _ignored_keywords(nc_n_gather, kwargs)
     run = context.current()
     api = "nc_n_gather"
     d = _sbuf(data, api, "data")

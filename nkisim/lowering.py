@@ -16,6 +16,7 @@ import numpy as np
 from . import context, dtypes, engines
 from .errors import nki_error, shape_str
 from .ops import _detail, _mask, _tile, _tile_shape, _tile_vals, apply_binary, copy
+from .ops import ignored_keywords as _ignored_keywords
 from .tensor import Tensor, _free, _partitions, allocate, fit, read, region, sbuf, values, write
 from .trace import DMA, VECTOR
 
@@ -25,6 +26,8 @@ _SUBSCRIPT_RE = re.compile(r"^\s*[A-Za-z_][\w.]*\s*\[.*\]\s*=(?!=)")
 def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, **kwargs):
     """``b = nl.loop_reduce(a, op=np.add, loop_indices=[k])``: ``b = op(a, b)`` where ``b`` is
     the variable the result is assigned to (the destination is also op's right input)."""
+    if kwargs:
+        _ignored_keywords(loop_reduce, kwargs)
     run = context.current()
     t = _tile(x, "loop_reduce", "x")
     name = engines._alu_name(op, "loop_reduce")
@@ -61,6 +64,8 @@ def loop_reduce(x, op, loop_indices, *, dtype=None, mask=None, **kwargs):
 
 def transpose(x, *, dtype=None, mask=None, **kwargs):
     """Transpose a 2-D tile between partition and free dimension (TensorE, result in PSUM)."""
+    if kwargs:
+        _ignored_keywords(transpose, kwargs)
     t = _tile(x, "transpose", "x")
     if len(t.shape) > 2:
         raise nki_error("err_exceed_max_supported_dimension", param="x",
@@ -74,6 +79,8 @@ def transpose(x, *, dtype=None, mask=None, **kwargs):
 
 def matmul(x, y, *, transpose_x=False, mask=None, **kwargs):
     """``x @ y`` (or ``x.T @ y``); lowers to ``nc_matmul(transpose(x), y)`` (ref §1.8)."""
+    if kwargs:
+        _ignored_keywords(matmul, kwargs)
     context.current()                  # outside a kernel: err_nki_api_outside_of_nki_kernel
     for p, t in (("x", x), ("y", y)):
         # x, y: SBUF (ref §1.8). A PSUM tile (an nl.transpose result) is a tolerated rule,
@@ -101,6 +108,8 @@ def dropout(x, rate, *, dtype=None, mask=None, **kwargs):
     with one value per partition); no rescaling (docstring: "Randomly zeroes some of the elements
     of the input tile given a probability rate"; nki-samples reference/attention.py rescales by
     1 / (1 - p) itself)."""
+    if kwargs:
+        _ignored_keywords(dropout, kwargs)
     return engines.dropout(x, rate, dtype=dtype, mask=mask)
 
 
@@ -119,6 +128,8 @@ def rms_norm(x, w, axis, n, epsilon=1e-06, *, dtype=None, compute_dtype=None, ma
     is costed as the instructions it takes:
     ScalarE ``activation(square)`` reducing into the sum of squares, ScalarE ``rsqrt`` with
     scale 1/n and bias epsilon on that column, VectorE ``x * rstd * w``."""
+    if kwargs:
+        _ignored_keywords(rms_norm, kwargs)
     from .ops import reduce_axes, result_tile
     from .trace import SCALAR
     run = context.current()
@@ -179,6 +190,8 @@ def atomic_rmw(dst, value, op, *, mask=None, **kwargs):
     """``nl.atomic_rmw(dst, value, op)``: ``dst = op(dst, value)`` on HBM, atomically ("only
     supports np.add currently"; aws-neuron-sdk nki/test/test_nki_nl_atomic_rmw.py indexes ``dst``
     with an SBUF index tile). Indices that repeat accumulate every contribution (atomic)."""
+    if kwargs:
+        _ignored_keywords(atomic_rmw, kwargs)
     from .indirect import accumulate_at
     run = context.current()
     api = "atomic_rmw"

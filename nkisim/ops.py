@@ -265,6 +265,8 @@ def result_tile(run, shape, dtype, vals, op, engine, reads, detail, buffer=sbuf,
 # creation (ref §1.6)
 
 def ndarray(shape, dtype, *, buffer=None, name="", **kwargs):
+    if kwargs:
+        ignored_keywords(ndarray, kwargs)
     return allocate(shape, dtype, buffer=buffer, name=name, api="nl.ndarray")
 
 
@@ -283,30 +285,44 @@ def _filled(shape, dtype, value, buffer, name, api):
 
 
 def zeros(shape, dtype, *, buffer=None, name="", **kwargs):
+    if kwargs:
+        ignored_keywords(zeros, kwargs)
     return _filled(shape, dtype, 0, buffer, name, "nl.zeros")
 
 
 def ones(shape, dtype, *, buffer=None, name="", **kwargs):
+    if kwargs:
+        ignored_keywords(ones, kwargs)
     return _filled(shape, dtype, 1, buffer, name, "nl.ones")
 
 
 def full(shape, fill_value, dtype, *, buffer=None, name="", **kwargs):
+    if kwargs:
+        ignored_keywords(full, kwargs)
     return _filled(shape, dtype, fill_value, buffer, name, "nl.full")
 
 
 def empty_like(a, dtype=None, *, buffer=None, name="", **kwargs):
+    if kwargs:
+        ignored_keywords(empty_like, kwargs)
     return ndarray(a.shape, dtype or a.dtype, buffer=buffer, name=name)
 
 
 def zeros_like(a, dtype=None, *, buffer=None, name="", **kwargs):
+    if kwargs:
+        ignored_keywords(zeros_like, kwargs)
     return zeros(a.shape, dtype or a.dtype, buffer=buffer, name=name)
 
 
 def ones_like(a, dtype=None, *, buffer=None, name="", **kwargs):
+    if kwargs:
+        ignored_keywords(ones_like, kwargs)
     return ones(a.shape, dtype or a.dtype, buffer=buffer, name=name)
 
 
 def full_like(a, fill_value, dtype=None, *, buffer=None, name="", **kwargs):
+    if kwargs:
+        ignored_keywords(full_like, kwargs)
     return full(a.shape, fill_value, dtype or a.dtype, buffer=buffer,
                 name=name)
 
@@ -761,6 +777,8 @@ def _load_into(dst: Tensor, src: Tensor, vals, run, spec, site) -> bool:
 @into_target
 def load(src, *, mask=None, dtype=None, **kwargs):
     """HBM -> a new SBUF tile (``dtype`` casts)."""
+    if kwargs:
+        ignored_keywords(load, kwargs)
     run = context.current()
     if not isinstance(src, Tensor):
         raise nki_error("nkisim_invalid_argument", api="load",
@@ -800,6 +818,8 @@ def load(src, *, mask=None, dtype=None, **kwargs):
 
 def store(dst, value, *, mask=None, **kwargs):
     """SBUF (or PSUM, with an extra copy) tile -> HBM."""
+    if kwargs:
+        ignored_keywords(store, kwargs)
     run = context.current()
     if not isinstance(dst, Tensor) or dst.root.buffer != "hbm":
         raise nki_error("err_unsupported_memory", param="dst", api="store", expected="hbm",
@@ -827,6 +847,8 @@ def store(dst, value, *, mask=None, **kwargs):
 
 def load_transpose2d(src, *, mask=None, dtype=None, **kwargs):
     """HBM [F, P] -> SBUF [P, F] transposed by the DMA (slow: ref §1.7, §3.5)."""
+    if kwargs:
+        ignored_keywords(load_transpose2d, kwargs)
     run = context.current()
     if not isinstance(src, Tensor) or src.root.buffer != "hbm":
         raise nki_error("err_unsupported_memory", param="src", api="load_transpose2d",
@@ -852,6 +874,8 @@ def load_transpose2d(src, *, mask=None, dtype=None, **kwargs):
 @into_target
 def copy(src, *rest, mask=NO_MASK, dtype=None, buffer=None, **kwargs):
     """SBUF/PSUM -> a new SBUF tile (e.g. PSUM evacuation with a cast)."""
+    if kwargs:
+        ignored_keywords(copy, kwargs)
     if rest:
         dtype, = positional_check("copy", 1, rest, ("dtype",), (dtype,))
     mask = keywords_check("copy", mask, kwargs) if mask is not NO_MASK or kwargs else None
@@ -871,6 +895,8 @@ def copy(src, *rest, mask=NO_MASK, dtype=None, buffer=None, **kwargs):
 
 
 def broadcast_to(src, *, shape, dtype=None, **kwargs):
+    if kwargs:
+        ignored_keywords(broadcast_to, kwargs)
     run = context.current()
     x = _tile(src, "broadcast_to", "src")
     shape = tuple(int(s) for s in shape)
@@ -948,6 +974,8 @@ def expand_dims(data, axis):
 
 def device_print(prefix, x, *, mask=None, **kwargs):
     """Print a tensor's values (works on nkisim as in the real CPU simulator)."""
+    if kwargs:
+        ignored_keywords(device_print, kwargs)
     run = context.current()
     if isinstance(x, Tensor):
         vals = read(x, "device_print", run)
@@ -1124,6 +1152,40 @@ def _binary(name, x, y, dtype, mask):
                        mask=_mask(mask, shape), fresh=fresh)
 
 
+_PARAMS: dict = {}
+
+
+def ignored_keywords(fn, kwargs, api=None, params=None) -> None:
+    """Keywords a Beta 1 op's ``**kwargs`` swallowed: Beta 1's signatures end in ``**kwargs``
+    (``nl.matmul(x, y, *, transpose_x=False, mask=None, **kwargs)``, spec §1.6-1.8), so
+    ``nl.matmul(x, y, tranpose_x=True)`` runs as ``x @ y`` with no error: a suspicious-pattern
+    warning naming the keyword and the parameter it is closest to. (The current dialect's
+    signatures have none: Python's TypeError there, ``keywords_check``.) ``params``: the op's
+    parameter names when ``fn``'s signature does not list them (the nl wrappers)."""
+    run = context.maybe_current()
+    if run is None or run.rules.strict_keywords:
+        return
+    if params is None:
+        params = _PARAMS.get(fn)
+        if params is None:
+            import inspect
+            params = _PARAMS[fn] = tuple(
+                n for n, p in inspect.signature(fn).parameters.items()
+                if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
+    import difflib
+    if api is None:
+        mod = getattr(fn, "__module__", "") or ""
+        api = ("nisa." if mod.endswith(("engines", "gather")) else "nl.") + fn.__name__
+    for key in kwargs:
+        if key in params:
+            continue
+        close = difflib.get_close_matches(key, params, n=1, cutoff=0.6)
+        hint = f": did you mean {close[0]}=?" if close else ""
+        run.warn(("ignored_keyword", key),
+                 f"{api}() has no parameter `{key}`; NKI Beta 1 takes it into **kwargs and "
+                 f"ignores it{hint}")
+
+
 def keywords_check(api, mask, kwargs):
     """nki 0.3+ wrappers have no ``mask=`` ("no dtype= and no mask= on any ISA op", RN 2.27;
     the nl wrappers' 0.3.0+ signatures have none either) and, from 2.28, "unknown kwargs raise
@@ -1134,6 +1196,9 @@ def keywords_check(api, mask, kwargs):
     extra keyword; returns the mask to apply (None when not passed)."""
     run = context.maybe_current()
     if run is None or not run.rules.strict_keywords:
+        if kwargs:
+            ignored_keywords(None, kwargs, api=f"nl.{api}",
+                             params=("x", "y", "axis", "dtype", "mask", "keepdims"))
         return None if mask is NO_MASK else mask
     bad = "mask" if mask is not NO_MASK else sorted(kwargs)[0]
     raise TypeError(f"nl.{api}() got an unexpected keyword argument '{bad}'" +
@@ -1498,6 +1563,8 @@ var = _make_reduce("var")
 
 def where(condition, x, y, *rest, dtype=None, mask=NO_MASK, **kwargs):
     """Select ``x`` where ``condition`` else ``y`` (VectorE)."""
+    if kwargs:
+        ignored_keywords(where, kwargs)
     if rest:
         dtype, = positional_check("where", 3, rest, ("dtype",), (dtype,))
     mask = keywords_check("where", mask, kwargs) if mask is not NO_MASK or kwargs else None
@@ -1529,6 +1596,8 @@ def where(condition, x, y, *rest, dtype=None, mask=NO_MASK, **kwargs):
 
 
 def softmax(x, axis, *, dtype=None, mask=NO_MASK, **kwargs):
+    if kwargs:
+        ignored_keywords(softmax, kwargs)
     mask = keywords_check("softmax", mask, kwargs) if mask is not NO_MASK or kwargs else None
     run = context.current()
     t = _tile(x, "softmax", "x")
@@ -1582,6 +1651,8 @@ def shared_constant(constant, dtype=None, **kwargs):
     ``constant`` may also be the path of a ``.npy`` file holding the array: AWS's nki-library
     (d2ad3a5, core/topk/rotational_topk.py) saves its rotation matrices with ``np.save`` and passes
     the file name to ``nl.shared_constant``."""
+    if kwargs:
+        ignored_keywords(shared_constant, kwargs)
     import os
 
     from .tensor import from_numpy
@@ -1603,6 +1674,8 @@ def shared_constant(constant, dtype=None, **kwargs):
 def shared_identity_matrix(n, dtype=np.uint8, **kwargs):
     """``nl.shared_identity_matrix(n, dtype)``: ``shared_constant(np.identity(n), dtype)``
     (its docstring: "the same behavior to nki.language.shared_constant")."""
+    if kwargs:
+        ignored_keywords(shared_identity_matrix, kwargs)
     return shared_constant(np.identity(int(n), dtype=np.int8), dtype=dtype)
 
 
@@ -1635,6 +1708,8 @@ def random_seed(seed, *, mask=None, **kwargs):
     """``nl.random_seed(seed)``: the same seed gives the same sequence of random numbers
     (docstring). The hardware generator is not documented, so nkisim's sequence is NumPy's
     PCG64 seeded with the value: reproducible, but not the device's bits."""
+    if kwargs:
+        ignored_keywords(random_seed, kwargs)
     run = context.current()
     reads = (region(seed),) if isinstance(seed, Tensor) else ()
     run.rng = np.random.default_rng(_seed_value(seed, "random_seed", run))
@@ -1645,6 +1720,8 @@ def rand(shape, dtype=np.float32, *, buffer=None, name="", **kwargs):
     """``nl.rand(shape, dtype)``: a new SBUF tile of uniform random values in [0, 1) (docstring:
     "sampled from a uniform distribution between 0 and 1"). Recorded on VectorE, the engine of
     the hardware RNG's documented user ``nisa.dropout``."""
+    if kwargs:
+        ignored_keywords(rand, kwargs)
     run = context.current()
     shape = tuple(int(x) for x in (shape if isinstance(shape, (tuple, list)) else (shape,)))
     if len(shape) < 2:
@@ -1664,6 +1741,8 @@ def gather_flattened(data, indices, *, mask=None, dtype=None, **kwargs):
     indices.reshape(P, -1), axis=-1).reshape(indices.shape)``). Out-of-bound indices "return
     garbage values": nkisim returns NaN there (the poison value) so a result that uses them shows.
     """
+    if kwargs:
+        ignored_keywords(gather_flattened, kwargs)
     run = context.current()
     api = "gather_flattened"
     d = _tile(data, api, "data")
