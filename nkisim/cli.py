@@ -86,7 +86,26 @@ def _run(args) -> int:
         print(f"nkisim run: {script} needs the Python package `{missing}`{where}, which is "
               f"not installed here: pip install {missing}", file=sys.stderr)
         return 1
+    except Exception as e:
+        if getattr(e, "nki_code", None) is None or os.environ.get("NKISIM_FULL_TRACEBACK"):
+            raise
+        # an NKI error in the user's kernel: the traceback through the user's code only (the
+        # kernel's line is the last frame shown), not through runpy and nkisim's own modules
+        _print_user_traceback(e)
+        return 1
     return 0
+
+
+def _print_user_traceback(e: BaseException) -> None:
+    from .errors import _PKG_DIR
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if not f.filename.startswith(_PKG_DIR) and not f.filename.startswith("<")
+              and os.path.basename(f.filename) != "runpy.py"]
+    out = ["Traceback (most recent call last; nkisim's own frames hidden, "
+           "NKISIM_FULL_TRACEBACK=1 shows them):\n"]
+    out += traceback.format_list(frames)
+    out += traceback.format_exception_only(type(e), e)
+    print("".join(out), end="", file=sys.stderr)
 
 
 def _info(args) -> int:

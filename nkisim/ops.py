@@ -836,8 +836,12 @@ def store(dst, value, *, mask=None, **kwargs):
             run.record("tensor_copy", VECTOR, (region(src),), (), dtypes.name(src.dtype),
                        _partitions(src), _free(src), _detail(src))
             run.taint = taint
-    if src is not None and vals.size != dst.size:
-        vals = fit(vals, dst.shape, src.shape)
+    if src is not None and (vals.size != dst.size or (
+            len(dst.shape) >= 2 and vals.ndim >= 2 and vals.shape[0] != dst.shape[0])):
+        # "Same partition rules" as nl.load (reference §1.7): a (64, 128) tile is no (128, 64)
+        # destination (a forgotten transpose), as in `dst[...] = tile`; a 1-D destination
+        # takes the tile's elements in order (the handouts' `out[m]` of a vector)
+        vals = fit(vals, dst.shape, src.shape, "nl.store")
     vals = vals.reshape(dst.shape) if vals.size == dst.size else vals
     if src is None:
         write(dst, vals, "store", run=run, mask=_mask(mask, dst.shape))

@@ -1071,3 +1071,32 @@ def test_reduction_over_the_partition_axis_is_rejected():
     check(ei, ValueError, "nkisim_invalid_argument",
           "sum: axis must be free dimensions, not the partition dimension (0); transpose first "
           "or matmul with a ones vector (ref §1.10).")
+
+
+def test_nl_store_of_a_tile_with_other_partitions_is_a_shape_mismatch():
+    # nl.store has nl.load's "same partition rules" (reference §1.7): a (64, 128) tile is no
+    # (128, 64) destination (a forgotten transpose), as `dst[...] = tile` says too; a tile's
+    # elements into a 1-D destination, or the same partitions with other free dims, store
+    @nki.jit
+    def k(a):
+        out = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        nl.store(out, nl.load(a))
+        return out
+
+    with pytest.raises(ValueError, match=r"of 'nl.store' has mismatched shapes: the destination "
+                                         r"is \[128, 64\], the value \[64, 128\]"):
+        nki.simulate_kernel(k, np.ones((64, 128), np.float32))
+
+    @nki.jit
+    def flat(a):
+        out = nl.ndarray((256,), dtype=nl.float32, buffer=nl.shared_hbm)
+        grid = nl.ndarray((128, 1, 2), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.load(a)
+        nl.store(out, t)
+        nl.store(grid, t)
+        return out, grid
+
+    a = np.arange(256, dtype=np.float32).reshape(128, 2)
+    o, g = nki.simulate_kernel(flat, a)
+    np.testing.assert_array_equal(o, a.ravel())
+    np.testing.assert_array_equal(g, a.reshape(128, 1, 2))

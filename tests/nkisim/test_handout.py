@@ -261,9 +261,14 @@ def test_nkisim_run_executes_an_unmodified_script(tmp_path):
 
 def test_nkisim_run_reports_nki_errors_with_a_failing_exit_code(tmp_path):
     r = _nkisim_run(tmp_path, SCRIPT, "-n", "256")
-    assert r.returncode != 0
+    assert r.returncode == 1
     assert ("ValueError: number of partitions 256 exceed architecture limitation of 128. "
             "Info on how to fix:") in r.stderr
+    # the traceback runs through the user's script only, ending at the kernel's line
+    frames = [ln for ln in r.stderr.splitlines() if ln.startswith('  File "')]
+    assert frames and all("run_benchmark.py" in ln for ln in frames), r.stderr
+    assert "in vector_add_naive" in frames[-1]
+    assert "nkisim's own frames hidden" in r.stderr
 
 
 def test_nkisim_run_target_option(tmp_path):
