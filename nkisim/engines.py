@@ -776,6 +776,15 @@ def memset(shape, value, dtype, *, mask=None, engine=engine.unknown, **kwargs):
     if kwargs:
         nl.ignored_keywords(memset, kwargs)
     run = context.current()
+    if not isinstance(shape, (tuple, list)) or not all(
+            isinstance(s, (int, np.integer)) for s in shape):
+        raise nki_error("nkisim_invalid_argument", api="memset",
+                        why=f"shape must be a tuple of ints (memset(shape, value, dtype)), got "
+                            f"{shape!r}")
+    if not isinstance(value, (int, float, np.integer, np.floating)):
+        raise nki_error("nkisim_invalid_argument", api="memset",
+                        why=f"value must be a number (memset(shape, value, dtype)), got "
+                            f"{type(value).__name__}")
     shape = tuple(int(s) for s in shape)
     eng = _engine(engine, VECTOR, "memset", (VECTOR, GPSIMD))
     out = np.full(shape, value, np.float32 if isinstance(value, float) else np.int64)

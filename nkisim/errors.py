@@ -152,8 +152,8 @@ ERRORS: dict[str, tuple[type[Exception], str]] = {
     "nkisim_shape_mismatch": (
         ValueError, "Parameter shapes ({params}) of '{api}' has mismatched shapes: {why}"),
     "nkisim_empty_tensor": (
-        ValueError, "{what} '{name}' has shape {shape}: an empty tensor (every dimension of an "
-        "NKI tensor must be at least 1; skip the kernel call for empty inputs)"),
+        ValueError, "{what} '{name}' has shape {shape}: {kind} (every dimension of an NKI tensor "
+        "must be at least 1; skip the kernel call for empty inputs)"),
     "nkisim_sbuf_overflow": (
         RuntimeError, "SBUF overflow: live tensors need {need} bytes per partition, more than "
         "the {limit} usable bytes per partition of {target} (the device compiler would fail "

@@ -196,23 +196,31 @@ class _MGridResult(tuple):
     def __setitem__(self, key, value):
         raise nki_error("err_cannot_assign_to_index")
 
+    def _axis(self, i, attr):
+        if i >= len(self):
+            names = ", ".join(f".{a} (dim {k})" for k, a in enumerate("pxyz"[:len(self)]))
+            raise nki_error("nkisim_invalid_argument", api=f"nl.mgrid(...).{attr}",
+                            why=f"this grid has {len(self)} dimensions: {names}; .{attr} needs "
+                                f"a grid of at least {i + 1}")
+        return self[i]
+
     @property
     def p(self):
-        return self[0]
+        return self._axis(0, "p")
 
     @property
     def x(self):
-        return self[1]
+        return self._axis(1, "x")
 
     @property
     def y(self):
-        return self[2]
+        return self._axis(2, "y")
 
     @property
     def z(self):
         # the fourth grid (nki.language.mgrid docstring: "i_p, i_x, i_y, i_z ... .z"; AWS's
         # reference kernels index 4-D tiles with `grid.z`)
-        return self[3]
+        return self._axis(3, "z")
 
 
 class _MGrid:

@@ -276,7 +276,7 @@ def simulate(kernel, args, kwargs, *, target=None, checks_spec=None, options=Non
             if isinstance(a, np.ndarray) or _is_array_like(a):
                 if np.size(a) == 0:
                     raise nki_error("nkisim_empty_tensor", what="kernel argument", name=name,
-                                    shape=tuple(np.shape(a)))
+                                    shape=tuple(np.shape(a)), kind="an empty tensor")
                 t = from_numpy(np.asarray(a), name, mutable=name in mutable)
                 t.root.buf = input_buffer
                 if name in mutable:

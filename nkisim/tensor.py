@@ -244,9 +244,10 @@ def allocate(shape, dtype, buffer=None, name="", fill=None, api="nl.ndarray",
     file, line = where if where is not None else context.caller_location()
     name = name or _infer_name(file, line, f"{buf.kind}_tensor")
     sdt = dtypes.storage(dt)
-    if 0 in shape:      # region arithmetic divides by the free size (issue 9: (128, 0) input)
+    if any(d <= 0 for d in shape):  # (region arithmetic divides by the free size: issue 9)
         raise nki_error("nkisim_empty_tensor", what=f"{buf.kind.upper()} tensor", name=name,
-                        shape=shape_str(shape))
+                        shape=shape_str(shape), kind="a negative dimension" if min(shape) < 0
+                        else "an empty tensor")
 
     if buf.kind == "hbm":
         if fill is not None:

@@ -1100,3 +1100,31 @@ def test_nl_store_of_a_tile_with_other_partitions_is_a_shape_mismatch():
     o, g = nki.simulate_kernel(flat, a)
     np.testing.assert_array_equal(o, a.ravel())
     np.testing.assert_array_equal(g, a.reshape(128, 1, 2))
+
+
+def test_mistyped_arguments_get_one_line_errors_naming_the_api():
+    # a negative dimension (a size computed wrong), memset's arguments swapped, and the grid
+    # attribute a 2-D nl.mgrid lacks: nkisim's one-line errors, not NumPy's or Python's
+    def negative(a):
+        t = nl.ndarray((128, a.shape[1] - 8), dtype=nl.float32, buffer=nl.sbuf)
+        return t
+
+    def swapped(a):
+        return nisa.memset(0.0, (128, 4), nl.float32)
+
+    def no_y(a):
+        g = nl.mgrid[0:128, 0:4]
+        return nl.load(a[g.p, g.y])
+
+    cases = [(negative, r"SBUF tensor 't' has shape \[128, -4\]: a negative dimension"),
+             (swapped, r"memset: shape must be a tuple of ints \(memset\(shape, value, dtype\)\), "
+                       r"got 0.0"),
+             (no_y, r"nl.mgrid\(...\).y: this grid has 2 dimensions: .p \(dim 0\), .x \(dim 1\)")]
+    for body, match in cases:
+        def k(a, body=body):
+            out = nl.ndarray((128, 4), dtype=nl.float32, buffer=nl.shared_hbm)
+            nl.store(out, body(a))
+            return out
+
+        with pytest.raises(ValueError, match=match):
+            nki.simulate_kernel(nki.jit(k), np.ones((128, 4), np.float32))
