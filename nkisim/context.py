@@ -165,6 +165,12 @@ class Rules:
     # ...] gives [2, 4, 5, ...]: max8 + find_index8, AWS's top-k, gets 8 distinct indices);
     # Beta 1's doc gives "the first occurrence of each value" (aws-neuron-sdk 1db4d74e).
     find_index8_distinct: bool = False
+    # Beta 1 indirect indexing (reference §1.5, §2.1): an SBUF index tile indexes an HBM tensor
+    # on its partition or block dimension only ("err_indirect_indices_free_dim"), never an
+    # SBUF/PSUM tile ("err_copy_dynamic_indirect_indices_not_natively_supported": use
+    # nisa.tensor_copy_dynamic_src). The current dialect indexes indirectly through
+    # .ap(vector_offset=...) instead, whose own rules nkisim.access applies.
+    indirect_hbm_partition_only: bool = True
     # Negative indices and negative slice bounds count from the end, as in Python/NumPy: the
     # 0.6.0 stub (NkiTensor.__getitem__) "Supports integers (select), slices, ``Ellipsis``,
     # negative indices, and nl.ds"; loops are Python ranges there (§2.0 item 4), so `t[i - 1]`

@@ -66,6 +66,11 @@ ERRORS: dict[str, tuple[type[Exception], str]] = {
         "must be the partition dimension"),
     "err_hbm_tensor_with_init_value_not_supported": (
         NKISyntaxError, "Creating HBM tensor with init value is not supported"),
+    "err_copy_dynamic_indirect_indices_not_natively_supported": (
+        # (the docs give no message: nkisim's, with the documented remedy)
+        NKISyntaxError, "Indexing {buffer} tile '{name}' with a tile of runtime indices is not "
+        "natively supported: indirect indexing reads HBM tensors in nl.load, nl.store and "
+        "nisa.dma_copy; within SBUF use nisa.tensor_copy_dynamic_src"),
     "err_indirect_indices_free_dim": (
         NKISyntaxError, "Dynamic indexing for load/store only supports the indirect indexing "
         "to be on the partition or block dimension"),

@@ -32,7 +32,7 @@ INDEX_TILES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _index_values(t, run) -> np.ndarray:
-    if not dtypes.is_int(t.dtype):
+    if not dtypes.is_int(t.dtype) or t.dtype == np.dtype(np.bool_):
         raise nki_error("nkisim_operand_dtype", param="index", api="indirect indexing",
                         dtype=dtypes.name(t.dtype), allowed="integer dtypes (int32, uint32...)")
     if t.root.buffer == "hbm":
@@ -48,6 +48,18 @@ def indirect_getitem(tensor, key):
     """``tensor[key]`` where some index is an SBUF tile of integers."""
     run = context.current()
     key = key if isinstance(key, tuple) else (key,)
+    if run.rules.indirect_hbm_partition_only and any(
+            isinstance(k, Tensor) and k.size > 1 for k in key):
+        # (one runtime integer is a dynamic offset, not an indirection: AWS's
+        # test_nki_isa_tensor_copy_dynamic.py reads `src_sbuf[ix, offsets_sbuf[0, idx], iz]`)
+        if tensor.root.buffer != "hbm":
+            raise nki_error("err_copy_dynamic_indirect_indices_not_natively_supported",
+                            buffer=tensor.root.buffer.upper(), name=tensor.name)
+        if len(tensor.shape) >= 2 and len(key) == len(tensor.shape) and \
+                isinstance(key[-1], Tensor) and key[-1].size > 1:
+            # the last axis of a 2-D+ tensor is a free one (the partition or block axis
+            # comes first)
+            raise nki_error("err_indirect_indices_free_dim")
     tiles = []
     raw = []
     new = []

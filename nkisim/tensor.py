@@ -1100,6 +1100,18 @@ class Tensor:
     def _op(self, name, other, reverse=False):
         nl = _ops
         fn = getattr(nl, name)
+        if type(other) is Tensor and name in _PARTITION_BROADCAST_OPS and \
+                self.paxis == 0 and other.paxis == 0 and self.shape and other.shape and \
+                self.shape[0] != other.shape[0] and 1 in (self.shape[0], other.shape[0]) and \
+                self.root.buffer != "hbm" and other.root.buffer != "hbm":
+            # "Partition broadcasting is not supported for operator overloads (+ - * / << >>)"
+            # (Beta 1 known issues, reference §1.7); nl.add & co. broadcast
+            a, b = (other, self) if reverse else (self, other)
+            raise nki_error("nkisim_shape_mismatch", params=f"{shape_str(a.shape)}, "
+                            f"{shape_str(b.shape)}", api=f"operator {_OPERATOR_SIGN[name]}",
+                            why="partition broadcasting is not supported for operator "
+                                "overloads (+ - * / << >>; NKI known issues): call "
+                                f"nl.{name}(...), or broadcast the row first")
         return fn(other, self) if reverse else fn(self, other)
 
     def __add__(self, o): return self._op("add", o)
@@ -2498,6 +2510,11 @@ def inplace(t: Tensor, other, opname: str) -> Tensor:
         run.assoc = prev
     t._inplace = True
     return t
+
+
+_OPERATOR_SIGN = {"add": "+", "subtract": "-", "multiply": "*", "divide": "/",
+                  "left_shift": "<<", "right_shift": ">>"}
+_PARTITION_BROADCAST_OPS = frozenset(_OPERATOR_SIGN)
 
 
 def _partitions(t: Tensor) -> int:

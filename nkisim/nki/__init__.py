@@ -57,7 +57,8 @@ def rules() -> _context.Rules:
         view_primitives=_version.at_least(0, 5), activation_reduce_add_only=True,
         expand_dims_last_only=False, strict_keywords=True,
         tensor_tensor_int32_all_ops=True, match_replace8_reverse=True,
-        find_index8_distinct=True,        negative_indices=True, compare_input_dtype=True,
+        find_index8_distinct=True, indirect_hbm_partition_only=False,
+        negative_indices=True, compare_input_dtype=True,
         mean_int_keeps_dtype=True, var_always_keepdims=True, rms_norm_compute_internal=True)
 
 

@@ -1128,3 +1128,48 @@ def test_mistyped_arguments_get_one_line_errors_naming_the_api():
 
         with pytest.raises(ValueError, match=match):
             nki.simulate_kernel(nki.jit(k), np.ones((128, 4), np.float32))
+
+
+def _indexed(index_of, buffer):
+    @nki.jit
+    def k(a):
+        out = nl.ndarray((128, 1), dtype=nl.float32, buffer=nl.shared_hbm)
+        i_p = nl.arange(128)[:, None]
+        idx = nisa.iota(127 - i_p, dtype=nl.int32)         # a tile of 128 runtime indices
+        src = a if buffer == "hbm" else nl.load(a)
+        nl.store(out, nl.copy(src[index_of(i_p, idx)]) if buffer != "hbm"
+                 else nl.load(src[index_of(i_p, idx)]))
+        return out
+    return k
+
+
+def test_indirect_indexing_is_for_the_partition_axis_of_hbm_tensors():
+    # reference §1.5 and §2.1: "allowed only in nl.load/nl.store/nisa.dma_copy on the partition
+    # (or block) dim of HBM tensors with an SBUF index tile": err_indirect_indices_free_dim on a
+    # free dim, err_copy_dynamic_indirect_indices_not_natively_supported within SBUF
+    a = np.arange(128 * 4, dtype=np.float32).reshape(128, 4)
+    out = nki.simulate_kernel(_indexed(lambda i_p, idx: (idx, 0), "hbm"), a)
+    np.testing.assert_array_equal(out[:, 0], a[::-1, 0])                  # the valid gather
+    with pytest.raises(NKISyntaxError, match="indirect indexing to be on the partition or "
+                                             "block dimension"):
+        nki.simulate_kernel(_indexed(lambda i_p, idx: (i_p, idx), "hbm"), a)
+    with pytest.raises(NKISyntaxError, match="Indexing SBUF tile .* with a tile of runtime "
+                                             "indices is not natively supported"):
+        nki.simulate_kernel(_indexed(lambda i_p, idx: (idx, 0), "sbuf"), a)
+
+
+def test_partition_broadcast_through_an_operator_is_an_error():
+    # "Partition broadcasting not supported for operator overloads (+ - * / << >>)" (Beta 1
+    # known issues, reference §1.7); nl.add broadcasts the (1, 512) row
+    def k(a, op):
+        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
+        t = nl.load(a)
+        row = nl.load(a[0:1, :])
+        nl.store(out, op(t, row))
+        return out
+
+    a = np.random.default_rng(1).random((128, 512), dtype=np.float32)
+    np.testing.assert_allclose(nki.simulate_kernel(nki.jit(k), a, nl.add), a + a[0:1])
+    with pytest.raises(ValueError, match=r"of 'operator \+' has mismatched shapes: partition "
+                                         "broadcasting is not supported for operator overloads"):
+        nki.simulate_kernel(nki.jit(k), a, lambda x, y: x + y)
