@@ -647,6 +647,28 @@ def _check_initialized(run, t, w, api) -> None:
                     count=int(unwritten.sum()), total=int(w.size))
 
 
+# the ops whose `t[...] = op(t, x)` is an associative accumulation, as `t += x` (add, *=)
+_ASSOCIATIVE = frozenset(("add", "multiply"))
+# nkisim.dstform.stored_into (set when dstform loads: it reads the kernel's bytecode)
+STORED_INTO = None
+# the run whose `acc[...] = acc + x` the next Tensor.__setitem__ stores (_accumulates_into)
+ASSOC_STORE: list = [None]
+
+
+def _accumulates_into(run, root) -> bool:
+    """An ``add``/``multiply`` reading ``root`` whose value the kernel stores straight back
+    into ``root`` (``acc[...] = acc + x``, ``acc[...] = nl.add(acc, x)``: what AWS advises
+    instead of ``+=``, aws-neuron-sdk #1051, and what ``acc += x`` is, reference §1.11): the
+    associative reduction affine_range allows, exempt as ``acc += x`` is. The assignment's
+    write is then exempt too (``run.assoc`` until ``Tensor.__setitem__`` has stored it)."""
+    dst = STORED_INTO() if STORED_INTO is not None else None
+    if dst is None or dst.root is not root:
+        return False
+    run.assoc = root
+    ASSOC_STORE[0] = run
+    return True
+
+
 def check_read(run, t, api: str, accumulate: bool = False, uninit: bool = True) -> None:
     """Before an instruction reads view ``t``: uninitialized elements, out-of-scope tiles and
     loop-carried dependencies (not for an associative accumulation, ``accumulate``: the ``+=``
@@ -681,6 +703,8 @@ def check_read(run, t, api: str, accumulate: bool = False, uninit: bool = True) 
         _check_initialized(run, t, w, api)
     hit = _find_race(run, w, lo, hi, racy)
     if hit is None:
+        return
+    if api in _ASSOCIATIVE and _accumulates_into(run, root):
         return
     lp, e = hit
     file, line = caller_location()

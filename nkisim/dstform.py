@@ -34,7 +34,7 @@ import functools
 import operator
 import sys
 
-from . import context
+from . import checks, context
 from .errors import _PKG_DIR
 from .tensor import STORED, Tensor
 
@@ -321,3 +321,49 @@ def call_into(run, dst, fn, args, kwargs):
         run.into = run.direct = None
         instr, dst._producer = dst._producer, prev      # (a record of dst's own, if any)
     return res, instr if res is dst else None
+
+
+_STORES: dict = {}      # code object -> {f_lasti: steps of the store its value goes into}
+
+
+def _store_sites(code) -> dict:
+    """{f_lasti: steps} of ``code``'s calls and binary operators whose value a
+    ``STORE_SUBSCR`` on the same line stores (``_steps``), whatever the callee."""
+    if code.co_filename.startswith(_PKG_DIR):
+        return {}
+    try:
+        ins = [i for i in dis.get_instructions(code) if i.opname != "CACHE"]
+    except Exception:           # noqa: BLE001 - an unusual code object: no sites
+        return {}
+    lines, line = [], None
+    for x in ins:
+        pos = getattr(x, "positions", None)
+        if pos is not None and pos.lineno is not None:
+            line = pos.lineno
+        elif x.starts_line is not None:
+            line = x.starts_line
+        lines.append(line)
+    sites = {}
+    for i, x in enumerate(ins[:-1]):
+        if x.opname.startswith("CALL") or x.opname == "BINARY_OP" or x.opname in _BINOPS:
+            steps = _steps(ins, lines, i)
+            if steps is not None:
+                sites[x.offset] = sites[ins[i + 1].offset - 2] = steps
+    return sites
+
+
+def stored_into():
+    """The view the kernel's current call or operator stores its value into (``t[key] =
+    nl.add(t, x)``, ``t[key] = t + x``), an on-chip tile view, or None. For the race checks,
+    which exempt ``t[...] = t + x`` as they exempt ``t += x`` (reference §1.11: "psum_tile
+    += X is psum_tile[...] = psum_tile + X"); called only when an access would race."""
+    f = sys._getframe(1)
+    while f is not None and f.f_code.co_filename.startswith(_PKG_DIR):
+        f = f.f_back
+    if f is None:
+        return None
+    steps = code_sites(_STORES, f.f_code, _store_sites).get(f.f_lasti)
+    return None if steps is None else _evaluate(f, steps)
+
+
+checks.STORED_INTO = stored_into

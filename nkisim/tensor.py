@@ -1084,11 +1084,25 @@ class Tensor:
         return tile[rest] if rest else tile
 
     def __setitem__(self, key, value):
+        # `dst[...] = nisa.op(...)` (a temporary) vs `dst[...] = t` (an existing tile): the
+        # first retargets the instruction, the second is a copy (see assign). (Counted here:
+        # _TEMP_REFS is a __setitem__'s count.)
+        fresh = _TEMP_REFS is None or sys.getrefcount(value) <= _TEMP_REFS
+        run = checks.ASSOC_STORE[0]
+        if run is not None:
+            # `acc[...] = acc + x` (nkisim.checks._accumulates_into): the store is part of the
+            # accumulation, then the exemption ends
+            checks.ASSOC_STORE[0] = None
+            try:
+                self._setitem(key, value, fresh)
+            finally:
+                run.assoc = None
+            return
+        self._setitem(key, value, fresh)
+
+    def _setitem(self, key, value, fresh):
         if value is STORED:
             return          # the op wrote self[key] itself (nkisim.dstform)
-        # `dst[...] = nisa.op(...)` (a temporary) vs `dst[...] = t` (an existing tile): the
-        # first retargets the instruction, the second is a copy (see assign)
-        fresh = _TEMP_REFS is None or sys.getrefcount(value) <= _TEMP_REFS
         dst = self[key]
         if isinstance(value, Tensor) and value._inplace:
             value._inplace = False

@@ -1034,6 +1034,58 @@ def test_associative_sbuf_accumulation_in_affine_range_is_allowed():
     raises("nkisim_loop_carried_dependency", subtracts, a)
 
 
+def test_an_accumulation_spelled_out_is_exempt_as_its_augmented_form():
+    """``psum_tile += X`` is ``psum_tile[...] = psum_tile + X`` (reference §1.11), and AWS
+    advises ``c[...] = c + a`` or ``c[...] = nl.add(c, a)`` over ``+=`` (aws-neuron-sdk #1051):
+    the same associative reduction, exempt as ``acc += x`` is. Storing the partial sum
+    anywhere else, or subtracting, still races."""
+    a = rand(4, 128, 64)
+
+    def body(form):
+        def k(a):
+            out = nl.ndarray((64, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+            buf = nl.psum if form == "psum" else nl.sbuf
+            acc = nl.zeros((64, 64), dtype=nl.float32, buffer=buf)
+            for s in nl.affine_range(4):
+                t = nl.load(a[s])
+                if form == "operator":
+                    acc[...] = acc + t[0:64, :]
+                elif form == "nl.add":
+                    acc[0:64, 0:64] = nl.add(acc[0:64, 0:64], t[0:64, :])
+                else:
+                    acc[...] = acc + nisa.nc_matmul(t[:, 0:64], t)
+            nl.store(out, nl.copy(acc))
+            return out
+        return k
+
+    for form, want in (("operator", a[:, 0:64].sum(0)), ("nl.add", a[:, 0:64].sum(0)),
+                       ("psum", sum(x.T @ x for x in a))):
+        out, _ = run(body(form), a)
+        np.testing.assert_allclose(out, want, rtol=1e-5)
+
+    def elsewhere(a):
+        out = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        other = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        for s in nl.affine_range(4):
+            other[...] = acc + nl.load(a[s])            # another iteration's partial sum
+            acc[...] = nl.copy(other)
+        nl.store(out, acc)
+        return out
+
+    raises("nkisim_loop_carried_dependency", elsewhere, a)
+
+    def subtracts(a):
+        out = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        for s in nl.affine_range(4):
+            acc[...] = acc - nl.load(a[s])
+        nl.store(out, acc)
+        return out
+
+    raises("nkisim_loop_carried_dependency", subtracts, a)
+
+
 def test_control_flow_on_a_tile_value_is_an_error():
     def body(a):
         t = _load(a)
