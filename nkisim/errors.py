@@ -148,6 +148,9 @@ ERRORS: dict[str, tuple[type[Exception], str]] = {
     "nkisim_matmul_contraction_mismatch": (
         ValueError, "contraction (partition) sizes of stationary {stat} and moving {mov} of "
         "'{api}' differ"),
+    "nkisim_nl_matmul_shapes": (
+        # (err_param_shape_incompatible_with_matmul has no documented message: reference §1.8)
+        ValueError, "nl.matmul(x{x}, y{y}{tx}): {why}"),
     "nkisim_operand_dtype": (
         TypeError, "operand '{param}' of '{api}' has dtype {dtype}; expected one of the "
         "following dtypes: {allowed}"),

@@ -91,11 +91,20 @@ def matmul(x, y, *, transpose_x=False, mask=None, **kwargs):
                             got=t.root.buffer)
     xt = _tile(x, "matmul", "x")
     yt = _tile(y, "matmul", "y")
+    xs, ys = _tile_shape(xt), _tile_shape(yt)
+    # in nl.matmul's own terms (reference §1.8: "x's free dim must equal y's partition dim (for
+    # transpose_x=False)"), not the nc_matmul it lowers to
+    if not transpose_x and len(xs) == 2 and xs[1] != ys[0]:
+        hint = " (x.T @ y: transpose_x=True)" if xs[0] == ys[0] else ""
+        raise nki_error("nkisim_nl_matmul_shapes", x=shape_str(xs), y=shape_str(ys), tx="",
+                        why=f"x @ y contracts x's free size {xs[1]} with y's partition size "
+                            f"{ys[0]}, which differ{hint}")
+    if transpose_x and xs[0] != ys[0]:
+        raise nki_error("nkisim_nl_matmul_shapes", x=shape_str(xs), y=shape_str(ys),
+                        tx=", transpose_x=True",
+                        why=f"x.T @ y contracts x's partition size {xs[0]} with y's partition "
+                            f"size {ys[0]}, which differ")
     if not transpose_x:
-        xs = _tile_shape(xt)
-        if xs[1] != _tile_shape(yt)[0]:
-            raise nki_error("nkisim_matmul_contraction_mismatch", stat=shape_str(xs),
-                            mov=shape_str(yt.shape), api="matmul")
         # the extra TensorE transpose the compiler inserts, then a copy back to SBUF
         tp = engines.nc_transpose(xt, engine=engines.engine.tensor)
         xt = copy(tp, dtype=xt.dtype, buffer=sbuf)

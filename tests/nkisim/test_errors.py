@@ -972,11 +972,22 @@ def test_nl_matmul_contraction_mismatch():
     def body(x, y):
         nl.matmul(nl.load(x), nl.load(y))
 
+    # in nl.matmul's terms (reference §1.8: "x's free dim must equal y's partition dim (for
+    # transpose_x=False)"), with the transpose_x hint when x.T @ y would fit
     with pytest.raises(ValueError) as ei:
         run(body, np.zeros((64, 32), np.float32), np.zeros((64, 16), np.float32))
-    check(ei, ValueError, "nkisim_matmul_contraction_mismatch",
-          "contraction (partition) sizes of stationary [64, 32] and moving [64, 16] of "
-          "'matmul' differ.")
+    check(ei, ValueError, "nkisim_nl_matmul_shapes",
+          "nl.matmul(x[64, 32], y[64, 16]): x @ y contracts x's free size 32 with y's partition "
+          "size 64, which differ (x.T @ y: transpose_x=True).")
+
+    def transposed(x, y):
+        nl.matmul(nl.load(x), nl.load(y), transpose_x=True)
+
+    with pytest.raises(ValueError) as ei:
+        run(transposed, np.zeros((32, 64), np.float32), np.zeros((64, 16), np.float32))
+    check(ei, ValueError, "nkisim_nl_matmul_shapes",
+          "nl.matmul(x[32, 64], y[64, 16], transpose_x=True): x.T @ y contracts x's partition "
+          "size 32 with y's partition size 64, which differ.")
 
 
 def test_matmul_operand_dtype():
