@@ -257,6 +257,16 @@ def dma_copy(*, dst, src, mask=None, dst_rmw_op=None, oob_mode=oob_mode.error,
     acc = None
     if dst_rmw_op is not None:
         name = _alu_name(dst_rmw_op, "dma_copy")
+        # "Currently only np.add is supported ... If dst_rmw_op is specified, only
+        # oob_mode=oob_mode.error is allowed" (Beta 1 dma_copy docstring)
+        if name != "add":
+            raise nki_error("nkisim_invalid_argument", api="dma_copy",
+                            why=f"dst_rmw_op={name} is not supported (\"Currently only np.add "
+                                "is supported\")")
+        if oob_mode is not None and int(oob_mode) != int(globals()["oob_mode"].error):
+            raise nki_error("nkisim_invalid_argument", api="dma_copy",
+                            why="dst_rmw_op needs oob_mode=oob_mode.error (\"If dst_rmw_op is "
+                                "specified, only oob_mode=oob_mode.error is allowed\")")
         acc = lambda a, b: apply_binary(name, a, b)  # noqa: E731
     nl._dma(dst, src, vals, "dma_copy", run, mask=_mask(mask, dst.shape), accumulate_op=acc)
 
@@ -663,11 +673,12 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
     # values stored in the register by passing in a tensor in the reduce_res" (aws-neuron-sdk
     # 1db4d74e isa activation); 0.3+ the pseudocode of _activation_regs. AWS's Beta 1 kernels
     # read an instruction's own reduction with activation_reduce or reduce_cmd=reset_reduce.
-    _activation_regs(run, api, res, out, P, reduce_op, reduce_res, reduce_cmd)
+    _activation_regs(run, api, res, out, P, reduce_op, reduce_res, reduce_cmd,
+                     _mask(mask, shape))
     return res
 
 
-def _activation_regs(run, api, res, out, P, reduce_op, reduce_res, cmd):
+def _activation_regs(run, api, res, out, P, reduce_op, reduce_res, cmd, where=None):
     """The Scalar Engine's ``reduce_regs`` under ``reduce_cmd`` (0.3+ pseudocode, STUB-R32
     activation: "if reduce_cmd == reset or reduce_cmd == reset_reduce: reduce_regs = 0";
     reduce/reset_reduce add this instruction's reduction of its fp32 results; "idle: Do not
@@ -677,7 +688,9 @@ def _activation_regs(run, api, res, out, P, reduce_op, reduce_res, cmd):
     (The pseudocode's ``result = reduce_op(reduce_regs, ...)`` then ``reduce_regs +=
     result`` would count the registers twice under ``reduce``; nkisim reads it as the
     accumulation the ``reduce`` bullet describes: "Reduce activated data over existing values
-    in reduce_regs".)"""
+    in reduce_regs".) ``where``: the instruction's mask, of ``out``'s shape: the reduction is
+    over its outputs ("reduce_op(output, axis=<FreeAxis>)"), which are the masked-in elements
+    only ("the instruction only processes" them, API masking)."""
     cmd = reduce_cmd(int(cmd))
     reducing = cmd in (reduce_cmd.reduce, reduce_cmd.reset_reduce)
     if reduce_op is not None or reducing:
@@ -703,7 +716,9 @@ def _activation_regs(run, api, res, out, P, reduce_op, reduce_res, cmd):
         acc = np.zeros((P, 1), np.float32)
     if reducing:
         rn = _alu_name(reduce_op, api)
-        red = np.asarray(reduce_values(rn, out.reshape(P, -1), (1,), True), np.float32)
+        flat = np.asarray(out).reshape(P, -1)
+        w = None if where is None else np.broadcast_to(where, np.shape(out)).reshape(P, -1)
+        red = np.asarray(reduce_values(rn, flat, (1,), True, where=w), np.float32)
         if cmd is reduce_cmd.reset_reduce:
             # "Resets the accumulators then immediately accumulate the results of the current
             # instruction": the instruction's own reduction (for add, 0 + it; a max over values

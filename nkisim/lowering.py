@@ -173,8 +173,13 @@ def rms_norm(x, w, axis, n, epsilon=1e-06, *, dtype=None, compute_dtype=None, ma
 
     def held(v):            # an intermediate column as its SBUF tile holds it
         return v if inter == np.float32 else dtypes.to_f32(dtypes.cast(v, inter))
+    m = _mask(mask, shape)
+    # under a mask the sum of squares takes the masked-in elements only, the ones the
+    # instructions process (API masking), as the masked nl.sum does
+    inside = None if m is None else np.broadcast_to(m, shape)
     with np.errstate(all="ignore"):
-        ss = held(np.sum(np.square(xv), axis=axes, keepdims=True, dtype=np.float32))
+        ss = held(np.sum(np.square(xv), axis=axes, keepdims=True, dtype=np.float32,
+                         where=True if inside is None else inside))
         rstd = held((np.float32(1.0) / np.sqrt(ss / np.float32(n) + np.float32(epsilon))
                      ).astype(np.float32))
         out = (xv * rstd * wv).astype(np.float32)
@@ -192,7 +197,7 @@ def rms_norm(x, w, axis, n, epsilon=1e-06, *, dtype=None, compute_dtype=None, ma
     d["alu"] = "multiply"
     out_dt = dtype or (t.dtype if internal else compute_dtype or t.dtype)
     return result_tile(run, shape, out_dt, out, "tensor_tensor",
-                       VECTOR, (t, rst, wt), d, mask=_mask(mask, shape))
+                       VECTOR, (t, rst, wt), d, mask=m)
 
 
 def atomic_rmw(dst, value, op, *, mask=None, **kwargs):

@@ -1609,10 +1609,20 @@ def softmax(x, axis, *, dtype=None, mask=NO_MASK, **kwargs):
     _last_axes_rule(run, t, axes, "softmax")
     v = _tile_vals(t, "softmax", run)
     reduction_taint(run, v.shape, axes, v.shape)      # each value depends on its whole group
-    e = np.exp(v - v.max(axis=axes, keepdims=True))
-    out = e / e.sum(axis=axes, keepdims=True)
+    m = _mask(mask, v.shape)
+    if m is None:
+        e = np.exp(v - v.max(axis=axes, keepdims=True))
+        out = e / e.sum(axis=axes, keepdims=True)
+    else:
+        # a masked softmax normalizes over the masked-in elements, the only ones the
+        # instruction processes (API masking: "only processes" the masked-in index region),
+        # and writes only them (as nl.sum and nl.max under a mask)
+        m = np.broadcast_to(m, v.shape)
+        top = np.max(v, axis=axes, keepdims=True, where=m, initial=-np.inf)
+        e = np.where(m, np.exp(v - np.where(np.isfinite(top), top, 0)), 0)
+        out = e / e.sum(axis=axes, keepdims=True)
     return result_tile(run, v.shape, dtype or t.dtype, out, "activation", SCALAR, (t,),
-                       _detail(t))
+                       _detail(t), mask=m)
 
 
 def _unsupported(name):
