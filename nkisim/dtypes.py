@@ -57,6 +57,18 @@ def normalize(dtype) -> np.dtype:
                  "float8_e4m3fn": float8_e4m3fn, "float8_e8m0fnu": float8_e8m0fnu}
         if dtype in named:
             return named[dtype]
+        try:
+            return np.dtype(dtype)
+        except TypeError:
+            import difflib
+            close = difflib.get_close_matches(
+                dtype, ["float32", "float16", "int32", "int16", "int8", "uint32", "uint16",
+                        "uint8", "bool"] + list(named), n=1, cutoff=0.6)
+            e = TypeError(f"data type {dtype!r} is not an NKI dtype"
+                          + (f": did you mean {close[0]!r} (nl.{close[0]})?" if close else
+                             " (use nl.float32, nl.bfloat16, ...)"))
+            e.nki_code = "nkisim_unknown_dtype"     # (a user error: nkisim run's short trace)
+            raise e from None
     return np.dtype(dtype)
 
 

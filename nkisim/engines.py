@@ -162,9 +162,19 @@ def _alu_name(op, api) -> str:
     try:
         return _ALU[op]
     except (KeyError, TypeError):
+        name = getattr(op, "__name__", op)
+        if name in _V4_ALU:
+            # "0.4.0 added square, relu, abs_max and abs_min as op0 (trn3)" (spec nki-current
+            # §2.4): ALU op codes of NeuronCore-v4 only
+            raise nki_error("nkisim_invalid_argument", api=api,
+                            why=f"op nl.{name} is an ALU op code of NeuronCore-v4 (trn3) and "
+                                "newer only, not of trn1/trn2") from None
         raise nki_error("nkisim_invalid_argument", api=api,
-                        why=f"unsupported op {getattr(op, '__name__', op)!r}: pass an nl.* op "
+                        why=f"unsupported op {name!r}: pass an nl.* op "
                             "code such as nl.add or nl.maximum (CS149 tip)") from None
+
+
+_V4_ALU = frozenset(("abs_max", "abs_min", "square", "relu"))
 
 
 def _unary_alu(name, x):

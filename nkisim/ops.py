@@ -558,12 +558,20 @@ def static_range(*args, **kwargs):
 
 def program_id(axis=0):
     run = context.current()
+    _grid_axis(run, axis, "nl.program_id")
     if not run.grid:
         return 0
-    if not 0 <= int(axis) < len(run.grid):
-        raise nki_error("nkisim_invalid_argument", api="nl.program_id",
-                        why=f"axis {axis} out of range for a grid of {len(run.grid)} dims")
     return run.program_ids[int(axis)]
+
+
+def _grid_axis(run, axis, api) -> None:
+    """``axis`` must name a dimension of the launch grid; a launch without one is a grid of
+    one dimension (``kernel(...)`` is ``kernel[1](...)``)."""
+    n = len(run.grid) if run.grid else 1
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool) or \
+            not 0 <= int(axis) < n:
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"axis {axis!r} out of range for a grid of {n} dims")
 
 
 def num_programs(axes=None):
@@ -575,7 +583,10 @@ def num_programs(axes=None):
     if axes is None:
         return math.prod(grid)
     if isinstance(axes, (tuple, list)):
+        for a in axes:
+            _grid_axis(run, a, "nl.num_programs")
         return tuple(grid[a] for a in axes)
+    _grid_axis(run, axes, "nl.num_programs")
     return grid[int(axes)]
 
 

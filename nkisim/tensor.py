@@ -833,6 +833,10 @@ class Tensor:
     @_view_primitive
     def flatten_dims(self, start_dim, end_dim):
         a, b = self._dim(start_dim, "flatten_dims"), self._dim(end_dim, "flatten_dims")
+        if a > b:
+            raise nki_error("nkisim_invalid_argument", api="flatten_dims",
+                            why=f"start_dim {start_dim} comes after end_dim {end_dim}: "
+                                "flatten_dims merges start_dim through end_dim")
         if self.paxis == 0 and a == 0 and b > 0:
             raise nki_error("nkisim_invalid_argument", api="flatten_dims",
                             why="cannot merge the partition dimension of an SBUF/PSUM tensor")

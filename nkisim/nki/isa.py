@@ -409,9 +409,14 @@ _F32ISH = {np.dtype(np.float32), dtypes.TF32}
 def _unary_operand(op0, operand0, api):
     """operand0 of a unary op0: "Must be None or 0 when op0 is a unary operator (e.g.,
     nl.abs)" (STUB-R32 tensor_scalar, tensor_scalar_reduce); the core takes the 0."""
-    if operand0 is None and (_core._alu_name(_tok(op0), api) in _ops._UNARY_ALU_FN or
-                             _core._alu_name(_tok(op0), api) == "invert"):
-        return 0
+    name = _core._alu_name(_tok(op0), api)
+    if name in _ops._UNARY_ALU_FN or name == "invert":
+        if operand0 is None:
+            return 0
+        if isinstance(operand0, Tensor) or operand0 != 0:
+            raise _invalid(f"{api} operand0 must be None or 0 when op0 is the unary {name} "
+                           f"(\"Must be None or 0 when op0 is a unary operator\"), got "
+                           f"{'a tile' if isinstance(operand0, Tensor) else repr(operand0)}")
     return operand0
 
 
@@ -428,6 +433,16 @@ def _fp32_operand(op, api, param):
 # data movement
 
 
+def _priority(priority, api) -> None:
+    """A DMA "quality-of-service priority level 0-3 where lower is higher priority" (0.6.0
+    stub): a scheduling hint nkisim does not model, but a value outside 0-3 is no level."""
+    if priority is not None and (isinstance(priority, bool) or
+                                 not isinstance(priority, (int, np.integer)) or
+                                 not 0 <= int(priority) <= 3):
+        raise _invalid(f"{api} priority must be a level 0-3 (\"priority level 0-3 where lower "
+                       f"is higher priority\"), got {priority!r}")
+
+
 @_validated
 def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown,
              engine=engine.unknown, name=None):
@@ -437,6 +452,7 @@ def dma_copy(dst, src, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode
     api = "dma_copy"
     if priority is not None and not at_least("0.4"):
         raise TypeError(f"{api}() got an unexpected keyword argument 'priority'")
+    _priority(priority, api)
     om = _enum(globals()["oob_mode"], oob_mode, api, "oob_mode")
     dm = _enum(globals()["dge_mode"], dge_mode, api, "dge_mode")
     e = _enum(globals()["engine"], engine, api, "engine")
@@ -472,6 +488,7 @@ def dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_mode.unknown,
     where lower is higher priority (NeuronCore-v4+ only)": a scheduling hint with no effect on
     values, accepted and ignored (nkisim models no DMA queue priorities)."""
     api = "dma_transpose"
+    _priority(priority, api)
     dm = _enum(globals()["dge_mode"], dge_mode, api, "dge_mode")
     _enum(globals()["oob_mode"], oob_mode, api, "oob_mode")
     _tensor(dst, api, "dst")

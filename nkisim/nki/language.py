@@ -447,18 +447,30 @@ class _TileSize(type(_ops.tile_size)):
     ``psum_num_banks``. ``psum_fmax`` and ``total_available_sbuf_size`` are deprecated in 0.4.0
     and still work (spec §2.2)."""
 
-    # one PSUM bank: 2 KiB per partition = 512 fp32 (the arch guide's PSUM bank)
-    psum_bank_fmax = 512
-    psum_bank_fmax_bytes = 2048
+    # (each constant new in 0.4.0 or 0.5.0 is an AttributeError under an older
+    # NKISIM_NKI_VERSION, as the older stubs lack it: _tile_need)
+
+    @property
+    def psum_bank_fmax(self):
+        """One PSUM bank: 2 KiB per partition = 512 fp32 (the arch guide's PSUM bank)."""
+        _tile_need(0, 4, "psum_bank_fmax")
+        return 512
+
+    @property
+    def psum_bank_fmax_bytes(self):
+        _tile_need(0, 4, "psum_bank_fmax_bytes")
+        return 2048
 
     @property
     def sbuf_fmax_bytes(self):
         """Bytes of one partition a tile may use (the target's usable SBUF per partition)."""
+        _tile_need(0, 4, "sbuf_fmax_bytes")
         return self._arch().sbuf_usable_bytes
 
     @property
     def sbuf_fmax(self):
         """``sbuf_fmax_bytes`` in fp32 elements."""
+        _tile_need(0, 4, "sbuf_fmax")
         return self.sbuf_fmax_bytes // 4
 
     @property
@@ -467,11 +479,13 @@ class _TileSize(type(_ops.tile_size)):
         total_available_sbuf_size note: "Use sbuf_size_bytes for the total SBUF capacity across
         all partitions"): the target's SBUF bytes per partition times its partitions (trn2:
         224 KiB x 128 = 28 MiB)."""
+        _tile_need(0, 4, "sbuf_size_bytes")
         arch = self._arch()
         return arch.sbuf_partition_bytes * arch.pmax
 
     @property
     def psum_num_banks(self):
+        _tile_need(0, 5, "psum_num_banks")
         # "7 when NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE=true, else 8" (tile_size rst @R32)
         flag = os.environ.get("NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE", "").strip().lower()
         return self._arch().psum_banks - (1 if flag in ("1", "true", "yes") else 0)
@@ -482,6 +496,14 @@ class _TileSize(type(_ops.tile_size)):
         from ..arch import get_arch
         return run.arch if run else get_arch(os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE")
                                              or None)
+
+
+
+def _tile_need(major, minor, name):
+    if not _version.at_least(major, minor):
+        now = ".".join(map(str, _version.current()))
+        raise AttributeError(f"'tile_size' has no attribute '{name}' (added in NKI "
+                             f"{major}.{minor}.0; NKISIM_NKI_VERSION={now})")
 
 
 tile_size = _TileSize()
@@ -802,3 +824,18 @@ def device_print(print_prefix, tensor):
 # `x: nl.tensor` annotations in nki-library docstrings/signatures; `nl.NkiTensor` (0.3.0 stubs)
 tensor = NkiTensor = Tensor
 
+
+# ---------------------------------------------------------------------------------------------
+# names added after 0.3: an AttributeError naming the release under an older
+# NKISIM_NKI_VERSION, as the older stubs lack them (spec nki-current §1: 0.4.0 "prelu/bypass",
+# 0.5.0 "float8_e8m0fnu"; nki.isa does the same for its ops)
+
+_ADDED = {"bypass": (0, 4), "prelu": (0, 4), "float8_e8m0fnu": (0, 5)}
+_LATER = {name: globals().pop(name) for name in _ADDED}
+
+
+def __getattr__(name):
+    if name in _LATER:
+        _need(*_ADDED[name], name)
+        return _LATER[name]
+    raise AttributeError(f"module 'nki.language' has no attribute '{name}'")

@@ -1,0 +1,123 @@
+"""Mistakes in the current dialect (NKI 0.3-0.7) that ran silently, crashed or said something
+misleading, each with its valid neighbour.
+
+Truth: the 0.6.0/0.7 stub docstrings (STUB-R32 nki/api/nki: tensor_scalar's operand0 "Must be
+None or 0 when op0 is a unary operator"; dma_copy/dma_transpose's "priority level 0-3"),
+shared/spec/nki-current.md (§1: what each release added; §2.1: ``kernel[lnc]`` launches, 1 by
+default; §2.4: abs_max/abs_min op codes of NeuronCore-v4), NumPy for the values.
+"""
+
+import numpy as np
+import pytest
+
+from nkisim import nki as nki_face
+from nkisim.nki import isa as nisa
+from nkisim.nki import language as nl
+
+X = np.random.default_rng(23).standard_normal((128, 64)).astype(np.float32)
+
+
+def run(body, *arrays, grid=None):
+    k = nki_face.jit(body)
+    return nki_face.simulate(k if grid is None else k[grid])(*arrays)
+
+
+def through(fn):
+    """A kernel body: x -> SBUF, ``fn(dst, src)`` -> SBUF, -> a shared_hbm output."""
+    def body(x):
+        t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x)
+        r = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        fn(r, t)
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=r)
+        return out
+    return body
+
+
+@pytest.mark.parametrize("call", [lambda: nl.program_id(1), lambda: nl.program_id(-1),
+                                  lambda: nl.num_programs(1)])
+@pytest.mark.parametrize("grid", [None, 1, 2])
+def test_a_grid_axis_the_launch_lacks_is_the_same_error_for_every_launch(call, grid):
+    # `kernel(...)` is `kernel[1](...)` (LNC 1 by default): the same one-line error
+    def body(x):
+        call()
+        return through(lambda r, t: nisa.tensor_copy(dst=r, src=t))(x)
+
+    with pytest.raises(ValueError, match=r"axis -?1 out of range for a grid of 1 dims"):
+        run(body, X, grid=grid)
+    np.testing.assert_array_equal(run(through(lambda r, t: nisa.tensor_copy(dst=r, src=t)), X), X)
+
+
+def test_program_id_0_and_num_programs_0_run():
+    def body(x):
+        assert nl.program_id(0) == 0 and nl.num_programs(0) == 1
+        return through(lambda r, t: nisa.tensor_copy(dst=r, src=t))(x)
+
+    np.testing.assert_array_equal(run(body, X), X)
+
+
+def test_flatten_dims_with_start_after_end_is_an_error():
+    def body(x):
+        t = nl.ndarray((128, 8, 8), dtype=nl.float32, buffer=nl.sbuf)
+        t.flatten_dims(2, 1)
+
+    with pytest.raises(ValueError, match="start_dim 2 comes after end_dim 1"):
+        run(body, X)
+
+
+def test_a_unary_op0_takes_operand0_none_or_0_only():
+    with pytest.raises(nisa.NkiValidationError,
+                       match=r"operand0 must be None or 0 when op0 is the unary abs"):
+        run(through(lambda r, t: nisa.tensor_scalar(r, t, nl.abs, 3.0)), X)
+    for zero in (None, 0, 0.0):
+        np.testing.assert_array_equal(
+            run(through(lambda r, t, z=zero: nisa.tensor_scalar(r, t, nl.abs, z)), X), abs(X))
+
+
+def test_a_trn3_op_code_says_so():
+    with pytest.raises(ValueError, match=r"op nl.abs_max is an ALU op code of NeuronCore-v4 "
+                                         r"\(trn3\) and newer only"):
+        run(through(lambda r, t: nisa.tensor_scalar(r, t, nl.abs_max, 0.5)), X)
+
+
+@pytest.mark.parametrize("name,since", [("bypass", "0.4"), ("prelu", "0.4"),
+                                        ("float8_e8m0fnu", "0.5")])
+def test_names_newer_than_the_version_are_attribute_errors(monkeypatch, name, since):
+    monkeypatch.setenv("NKISIM_NKI_VERSION", "0.3")
+    with pytest.raises(AttributeError, match=rf"has no attribute '{name}' \(added in NKI "
+                                             rf"{since}.0; NKISIM_NKI_VERSION=0.3\)"):
+        getattr(nl, name)
+    monkeypatch.setenv("NKISIM_NKI_VERSION", since)
+    assert getattr(nl, name) is not None
+
+
+@pytest.mark.parametrize("name,since", [("psum_bank_fmax", "0.4"), ("sbuf_fmax", "0.4"),
+                                        ("psum_num_banks", "0.5")])
+def test_tile_sizes_newer_than_the_version_are_attribute_errors(monkeypatch, name, since):
+    monkeypatch.setenv("NKISIM_NKI_VERSION", "0.3")
+    with pytest.raises(AttributeError, match=rf"'tile_size' has no attribute '{name}' \(added "
+                                             rf"in NKI {since}.0"):
+        getattr(nl.tile_size, name)
+    monkeypatch.setenv("NKISIM_NKI_VERSION", since)
+    assert getattr(nl.tile_size, name) > 0
+
+
+def test_a_dtype_typo_names_the_dtype_it_is_closest_to():
+    def body(x):
+        nl.ndarray((128, 64), dtype="bfloat", buffer=nl.sbuf)
+
+    with pytest.raises(TypeError, match=r"data type 'bfloat' is not an NKI dtype: did you mean "
+                                        r"'bfloat16'"):
+        run(body, X)
+
+
+def test_a_dma_priority_is_a_level_0_to_3():
+    def copy(priority):
+        def fn(r, t):
+            nisa.dma_copy(dst=r, src=t, priority=priority)
+        return fn
+
+    with pytest.raises(nisa.NkiValidationError, match=r"priority must be a level 0-3 .* got 7"):
+        run(through(copy(7)), X)
+    np.testing.assert_array_equal(run(through(copy(3)), X), X)
