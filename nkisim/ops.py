@@ -1175,8 +1175,9 @@ def ignored_keywords(fn, kwargs, api=None, params=None) -> None:
     (``nl.matmul(x, y, *, transpose_x=False, mask=None, **kwargs)``, spec §1.6-1.8), so
     ``nl.matmul(x, y, tranpose_x=True)`` runs as ``x @ y`` with no error: a suspicious-pattern
     warning naming the keyword and the parameter it is closest to. (The current dialect's
-    signatures have none: Python's TypeError there, ``keywords_check``.) ``params``: the op's
-    parameter names when ``fn``'s signature does not list them (the nl wrappers)."""
+    signatures have none: Python's TypeError there, ``keywords_check``.) Only near misses of
+    a named parameter warn. ``params``: the op's parameter names when ``fn``'s signature does
+    not list them (the nl wrappers)."""
     run = context.maybe_current()
     if run is None or run.rules.strict_keywords:
         return
@@ -1192,13 +1193,20 @@ def ignored_keywords(fn, kwargs, api=None, params=None) -> None:
         mod = getattr(fn, "__module__", "") or ""
         api = ("nisa." if mod.endswith(("engines", "gather")) else "nl.") + fn.__name__
     for key in kwargs:
-        if key in params:
+        if key in params or key in _PASSTHROUGH:
             continue
+        # only a near miss of a parameter the op names: AWS's kernels pass keywords no docstring
+        # lists (nki-samples reference/attention.py: nl.full(..., lazy_initialization=True)),
+        # which may mean something to the compiler
         close = difflib.get_close_matches(key, params, n=1, cutoff=0.6)
-        hint = f": did you mean {close[0]}=?" if close else ""
-        run.warn(("ignored_keyword", key),
-                 f"{api}() has no parameter `{key}`; NKI Beta 1 takes it into **kwargs and "
-                 f"ignores it{hint}")
+        if close:
+            run.warn(("ignored_keyword", key),
+                     f"{api}() has no parameter `{key}`; NKI Beta 1 takes it into **kwargs and "
+                     f"ignores it: did you mean {close[0]}=?")
+
+
+# keywords AWS's own Beta 1 kernels pass through **kwargs (no warning whatever they resemble)
+_PASSTHROUGH = frozenset(("lazy_initialization", "perf_mode"))
 
 
 def keywords_check(api, mask, kwargs):
