@@ -148,6 +148,26 @@ def _assigned_calls(code) -> dict:
     return found
 
 
+def _instructions(code):
+    """(``code``'s instructions without caches, each one's line), or None for nkisim's own
+    code and code objects ``dis`` cannot read (3.11+: positions; 3.10: line starts)."""
+    if code.co_filename.startswith(_PKG_DIR):
+        return None
+    try:
+        ins = [i for i in dis.get_instructions(code) if i.opname != "CACHE"]
+    except Exception:           # noqa: BLE001 - an unusual code object: the general path
+        return None
+    lines, line = [], None
+    for x in ins:
+        pos = getattr(x, "positions", None)
+        if pos is not None and pos.lineno is not None:
+            line = pos.lineno
+        elif x.starts_line is not None:
+            line = x.starts_line
+        lines.append(line)
+    return ins, lines
+
+
 def _analyse(code) -> dict:
     """{f_lasti: (steps, names)} of the calls of ``code`` whose value a ``STORE_SUBSCR``
     stores, ``names`` the callee names such statements have on the call's line
@@ -155,20 +175,10 @@ def _analyse(code) -> dict:
     inline caches (3.11, 3.12), its last cache unit's: both are keys (as
     ``engines._iadd_calls``). Nothing for nkisim's own code (an op nkisim calls for itself
     builds its result as always)."""
-    if code.co_filename.startswith(_PKG_DIR):
+    found = _instructions(code)
+    if found is None:
         return {}
-    try:
-        ins = [i for i in dis.get_instructions(code) if i.opname != "CACHE"]
-    except Exception:           # noqa: BLE001 - an unusual code object: the general path
-        return {}
-    lines, line = [], None
-    for x in ins:               # each instruction's line (3.11+: positions; 3.10: line starts)
-        pos = getattr(x, "positions", None)
-        if pos is not None and pos.lineno is not None:
-            line = pos.lineno
-        elif x.starts_line is not None:
-            line = x.starts_line
-        lines.append(line)
+    ins, lines = found
     sites = {}
     assigned = None
     for i, x in enumerate(ins[:-1]):
@@ -329,20 +339,10 @@ _STORES: dict = {}      # code object -> {f_lasti: steps of the store its value 
 def _store_sites(code) -> dict:
     """{f_lasti: steps} of ``code``'s calls and binary operators whose value a
     ``STORE_SUBSCR`` on the same line stores (``_steps``), whatever the callee."""
-    if code.co_filename.startswith(_PKG_DIR):
+    found = _instructions(code)
+    if found is None:
         return {}
-    try:
-        ins = [i for i in dis.get_instructions(code) if i.opname != "CACHE"]
-    except Exception:           # noqa: BLE001 - an unusual code object: no sites
-        return {}
-    lines, line = [], None
-    for x in ins:
-        pos = getattr(x, "positions", None)
-        if pos is not None and pos.lineno is not None:
-            line = pos.lineno
-        elif x.starts_line is not None:
-            line = x.starts_line
-        lines.append(line)
+    ins, lines = found
     sites = {}
     for i, x in enumerate(ins[:-1]):
         if x.opname.startswith("CALL") or x.opname == "BINARY_OP" or x.opname in _BINOPS:
