@@ -244,7 +244,7 @@ def _scan(stmts, defined, exposed, stored, used):
             inner = defined | set(names)
             _scan(s.body, inner, exposed, stored, used)
             _scan(s.orelse, set(defined), exposed, stored, used)
-            defined.update(inner - set(names))
+            defined.update(inner)
         elif isinstance(s, ast.While):
             _loads(s.test, exposed, defined, used, stored)
             _scan(s.body, set(defined), exposed, stored, used)
