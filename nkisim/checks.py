@@ -647,8 +647,11 @@ def _check_initialized(run, t, w, api) -> None:
                     count=int(unwritten.sum()), total=int(w.size))
 
 
-# the ops whose `t[...] = op(t, x)` is an associative accumulation, as `t += x` (add, *=)
-_ASSOCIATIVE = frozenset(("add", "multiply"))
+# the ops whose `t[...] = op(t, x)` is an associative accumulation, as `t += x` (add, *=) is:
+# "associative reductions are not considered loop carried dependencies" (nl.affine_range), and
+# a running max or min gives the same result in any order too (the ALU table lists maximum and
+# minimum as reduction ops)
+_ASSOCIATIVE = frozenset(("add", "multiply", "maximum", "minimum"))
 # nkisim.dstform.stored_into (set when dstform loads: it reads the kernel's bytecode)
 STORED_INTO = None
 # the run whose `acc[...] = acc + x` the next Tensor.__setitem__ stores (_accumulates_into)
@@ -704,7 +707,8 @@ def check_read(run, t, api: str, accumulate: bool = False, uninit: bool = True) 
     hit = _find_race(run, w, lo, hi, racy)
     if hit is None:
         return
-    if api in _ASSOCIATIVE and _accumulates_into(run, root):
+    if (api in _ASSOCIATIVE or api == "tensor_tensor" and run.alu in _ASSOCIATIVE) and \
+            _accumulates_into(run, root):
         return
     lp, e = hit
     file, line = caller_location()

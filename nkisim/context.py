@@ -236,6 +236,7 @@ class Run:
     spmd: object = None                               # the grid's pseudo-Loop (kind "spmd")
     par_cache: tuple = (0, ())                        # (epoch, parallel loops): nkisim.checks
     assoc: object = None                              # Allocation under `acc += x` (checks)
+    alu: object = None                  # tensor_tensor's ALU op while it reads (checks)
     into: object = None                               # the dst the next result is written
     #                                                   into (ops.result_tile, nki.isa._direct)
     direct: object = None                             # into's write begun by tensor.begin_direct

@@ -406,10 +406,14 @@ def tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unkn
     exact = not bitvec and _int_exact(run, name, a, b, dtype, engine, eng)
     if exact and engine is _UNKNOWN:
         eng = GPSIMD
-    va = read(a, api, run)
+    run.alu = name                                # (checks: `acc[...] = tt(acc, x, op=max)`)
+    try:
+        va = read(a, api, run)
+        vb = read(b, api, run)
+    finally:
+        run.alu = None
     if va.ndim < 2:                               # a partition vector (P,) is (P, 1)
         va = va.reshape(_tile_shape(a))
-    vb = read(b, api, run)
     if vb.ndim < 2:
         vb = vb.reshape(_tile_shape(b))
     if exact:                                     # native integer arithmetic (GpSimd)

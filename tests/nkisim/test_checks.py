@@ -184,7 +184,8 @@ def _sbuf_reduction(a):
         t = nl.ndarray((128, 128), dtype=nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(src=a[:, k * 128:(k + 1) * 128], dst=t)
         s = nisa.tensor_reduce(nl.add, t, axis=1, keepdims=True)
-        acc[...] = nisa.tensor_tensor(acc, s, nl.add)
+        total = nisa.tensor_tensor(acc, s, nl.add)     # the partial sum, into another tile
+        acc[...] = nl.copy(total)
     nisa.dma_copy(src=acc, dst=out)
     return out
 
@@ -1084,6 +1085,36 @@ def test_an_accumulation_spelled_out_is_exempt_as_its_augmented_form():
         return out
 
     raises("nkisim_loop_carried_dependency", subtracts, a)
+
+
+@pytest.mark.parametrize("form", ["nl.maximum", "nl.minimum", "tensor_tensor max",
+                                  "tensor_tensor add"])
+def test_a_running_max_or_min_spelled_out_is_exempt_too(form):
+    """A running max over affine_range iterations is order-independent like the sum (the ALU
+    table lists maximum and minimum as reduction ops): a trn1 conv2d pools that way."""
+    a = rand(4, 128, 64)
+
+    def k(a):
+        out = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        acc[...] = nl.load(a[0])
+        for s in nl.affine_range(3):
+            t = nl.load(a[s + 1])
+            if form == "nl.maximum":
+                acc[...] = nl.maximum(acc, t)
+            elif form == "nl.minimum":
+                acc[...] = nl.minimum(acc, t)
+            elif form == "tensor_tensor max":
+                acc[...] = nisa.tensor_tensor(acc, t, op=nl.maximum)
+            else:
+                acc[...] = nisa.tensor_tensor(acc, t, op=nl.add)
+        nl.store(out, acc)
+        return out
+
+    ref = {"nl.maximum": np.max, "nl.minimum": np.min, "tensor_tensor max": np.max,
+           "tensor_tensor add": np.sum}[form]
+    out, _ = run(k, a)
+    np.testing.assert_allclose(out, ref(a, axis=0), rtol=1e-6)
 
 
 def test_control_flow_on_a_tile_value_is_an_error():
