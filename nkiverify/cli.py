@@ -922,6 +922,31 @@ def course_target(root: str, given: str | None) -> tuple[str, str]:
     return "trn2", "the trn2 course (default); --target trn1 for the trn1 course"
 
 
+def _kernel_target(args, prog) -> str:
+    """The target of a run, a case or a bench without ``--target``: $NKISIM_TARGET, else trn1
+    when a ``--kernel`` file sits in a checkout of the trn1 course (``ROOT/part1/...`` or
+    ``ROOT/part2/...`` with the trn1 runner, as ``course`` decides; said on stderr), else
+    trn2."""
+    if os.environ.get("NKISIM_TARGET"):
+        return _default_target()
+    refs = getattr(args, "kernel_ref", None) if args.cmd == "bench" else \
+        getattr(args, "kernel", None)
+    for ref in refs or ():
+        try:
+            _, where = registry.parse_kernel_ref(ref)
+        except registry.KernelRefError:
+            continue                        # (reported where the reference is used)
+        path = where.rpartition(":")[0]
+        if not os.path.isfile(path):
+            continue
+        root = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+        target, why = course_target(root, None)
+        if target == "trn1":
+            print(f"{prog}: on trn1, {why}", file=sys.stderr)
+            return target
+    return "trn2"
+
+
 def _latency_caveat(kernel, params, dtype, records, target) -> str:
     """What stands between a latency estimate and its grade, from the run's records: this
     configuration's own output failing our check, and, on the trn2 course, a float32
@@ -1368,8 +1393,9 @@ def _parser() -> argparse.ArgumentParser:
     def running(sp):
         sp.add_argument("--backend", choices=RUN_BACKENDS, default="nkisim",
                         help="where kernels run (default nkisim)")
-        sp.add_argument("--target", default=_default_target(),
-                        help="simulated target, trn1 or trn2 (default $NKISIM_TARGET or trn2)")
+        sp.add_argument("--target", default=None,
+                        help="simulated target, trn1 or trn2 (default $NKISIM_TARGET, else "
+                             "trn1 for --kernel files of a trn1 course checkout, else trn2)")
         sp.add_argument("-j", "--jobs", type=positive_int, default=None, metavar="N",
                         help="cases run at a time, in worker processes (default: the core "
                              f"count, here {_jobs_default()})")
@@ -1415,7 +1441,7 @@ def _parser() -> argparse.ArgumentParser:
     cs.add_argument("--seed", type=int, default=0)
     cs.add_argument("--dist", choices=registry.DISTS, default="uniform")
     cs.add_argument("--backend", choices=RUN_BACKENDS, default="nkisim")
-    cs.add_argument("--target", default=_default_target())
+    cs.add_argument("--target", default=None)
     dialect_option(cs, choices=("beta1", "nki"), default="beta1")
     kernel_option(cs)
     cs.set_defaults(fn=cmd_case)
@@ -1442,7 +1468,7 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--filter", type=positive_int, default=3,
                    help="conv2d filter size K (default 3)")
     b.add_argument("--no-bias", action="store_true", help="conv2d bias of zeros")
-    b.add_argument("--target", default=_default_target())
+    b.add_argument("--target", default=None)
     b.add_argument("--backend", choices=("nkisim", "device"), default="nkisim")
     dialect_option(b, choices=("beta1", "nki"), default="beta1")
     b.add_argument("--trace", metavar="FILE",
@@ -1462,6 +1488,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     prog = f"nki-verify {args.cmd}" if args.cmd else "nki-verify"
     try:
+        if hasattr(args, "target") and args.target is None and args.cmd != "course":
+            args.target = _kernel_target(args, prog)
         if getattr(args, "target", None) is not None:
             args.target = _check_target(args.target.lower())
         return args.fn(args)

@@ -195,6 +195,24 @@ def test_a_trn1_courses_rerun_line_reruns_on_trn1(tmp_path):
         in again.stdout
 
 
+def test_a_kernel_of_a_trn1_checkout_runs_on_trn1_without_target(tmp_path, monkeypatch):
+    """``nki-verify --kernel`` / ``case`` / ``bench`` on a file of a trn1 course checkout take
+    trn1, as ``course`` does, and say so; --target and $NKISIM_TARGET still decide."""
+    (tmp_path / "part1").mkdir()
+    (tmp_path / "part1" / "kernels.py").write_text(TRN1_ONLY_BAD_TILED)
+    ref = f"{tmp_path / 'part1' / 'kernels.py'}:vector_add_tiled"
+    monkeypatch.delenv("NKISIM_TARGET", raising=False)
+    r = _run("-m", "nkiverify.cli", "--kernel", ref, "--cases", "tiled-n25600", "-j", "1")
+    assert "on nkisim (trn2)" in r.stdout, r.stdout + r.stderr      # no trn1 runner: trn2
+    (tmp_path / "part1" / "vec_add.py").write_text("# the trn1 course's Part 1 runner\n")
+    r = _run("-m", "nkiverify.cli", "--kernel", ref, "--cases", "tiled-n25600", "-j", "1")
+    assert "nki-verify run: on trn1, the trn1 course's layout (part1/vec_add.py)" in r.stderr
+    assert "on nkisim (trn1)" in r.stdout and "tiled-n25600  float32  course  ERROR" in r.stdout
+    r = _run("-m", "nkiverify.cli", "--kernel", ref, "--cases", "tiled-n25600", "-j", "1",
+             "--target", "trn2")
+    assert "on nkisim (trn2)" in r.stdout, r.stdout + r.stderr
+
+
 # the handout's tiled loop (ROW_CHUNK = 128, no tail): all the course requires
 NO_TAIL_TILED = """
 import neuronxcc.nki as nki
