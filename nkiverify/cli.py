@@ -706,9 +706,8 @@ def _with_dialects(selected, chosen, backend):
 def _beyond_contract(case, target) -> bool:
     """Whether a stored case asks more of a course kernel than the course does (a tiled n that
     is not a multiple of 128, a 5x5 filter, pool 3...: docs/course-contract.md)."""
-    from . import strategies  # (hypothesis: imported only for a user's kernel)
-    return case.source != "course" and not strategies.in_course_contract(
-        case.kernel, case.params, target)
+    from .contract import in_course_contract
+    return case.source != "course" and not in_course_contract(case.kernel, case.params, target)
 
 
 def cmd_run(args) -> int:
