@@ -360,38 +360,28 @@ def test_nkisim_run_serves_import_nki(tmp_path):
     assert "ok True 0.7.0+nkisim" in r.stdout
 
 
-def test_install_leaves_a_real_nki_alone_and_serves_past_the_placeholder(tmp_path, monkeypatch):
-    saved = {n: m for n, m in sys.modules.items() if n.split(".")[0] in ("nki", "neuronxcc")}
-    was = shim._hook_active(), set(shim._serving)
+def test_install_leaves_a_real_nki_alone_and_serves_past_the_placeholder(tmp_path, monkeypatch,
+                                                                       shim_restored):
     shim.uninstall()
-    try:
-        real, fake = tmp_path / "real", tmp_path / "placeholder"
-        real.mkdir()
-        fake.mkdir()
-        _fake_nki(real, real=True)
-        _fake_nki(fake, real=False)
-        monkeypatch.syspath_prepend(str(real))
-        importlib.invalidate_caches()
-        shim.install()
-        assert not shim.serves_nki()
-        import nki as got
-        assert got.__file__.startswith(str(real))
-        shim.uninstall()
-        del sys.modules["nki"]
-        monkeypatch.syspath_prepend(str(fake))    # the placeholder first on the path
-        importlib.invalidate_caches()
-        shim.install()
-        assert shim.serves_nki()
-        import nki as got2
-        assert got2 is importlib.import_module("nkisim.nki")
-    finally:
-        shim.uninstall()
-        for n in [n for n in sys.modules if n.split(".")[0] in ("nki", "neuronxcc")]:
-            del sys.modules[n]
-        sys.modules.update(saved)
-        if was[0]:
-            shim._serving.update(was[1])
-            sys.meta_path.insert(0, shim._finder)
+    real, fake = tmp_path / "real", tmp_path / "placeholder"
+    real.mkdir()
+    fake.mkdir()
+    _fake_nki(real, real=True)
+    _fake_nki(fake, real=False)
+    monkeypatch.syspath_prepend(str(real))
+    importlib.invalidate_caches()
+    shim.install()
+    assert not shim.serves_nki()
+    import nki as got
+    assert got.__file__.startswith(str(real))
+    shim.uninstall()
+    del sys.modules["nki"]
+    monkeypatch.syspath_prepend(str(fake))    # the placeholder first on the path
+    importlib.invalidate_caches()
+    shim.install()
+    assert shim.serves_nki()
+    import nki as got2
+    assert got2 is importlib.import_module("nkisim.nki")
 
 
 def test_torch_tensors_in_and_out():
