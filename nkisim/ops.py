@@ -889,11 +889,9 @@ def load_transpose2d(src, *, mask=None, dtype=None, **kwargs):
 @into_target
 def copy(src, *rest, mask=NO_MASK, dtype=None, buffer=None, **kwargs):
     """SBUF/PSUM -> a new SBUF tile (e.g. PSUM evacuation with a cast)."""
-    if kwargs:
-        ignored_keywords(copy, kwargs)
     if rest:
         dtype, = positional_check("copy", 1, rest, ("dtype",), (dtype,))
-    mask = keywords_check("copy", mask, kwargs) if mask is not NO_MASK or kwargs else None
+    mask = keywords_check("copy", mask, kwargs, copy) if mask is not NO_MASK or kwargs else None
     run = context.current()
     x = _tile(src, "copy", "src")
     vals = read(x, "copy", run)
@@ -1170,24 +1168,22 @@ def _binary(name, x, y, dtype, mask):
 _PARAMS: dict = {}
 
 
-def ignored_keywords(fn, kwargs, api=None, params=None) -> None:
+def ignored_keywords(fn, kwargs, api=None) -> None:
     """Keywords a Beta 1 op's ``**kwargs`` swallowed: Beta 1's signatures end in ``**kwargs``
     (``nl.matmul(x, y, *, transpose_x=False, mask=None, **kwargs)``, spec §1.6-1.8), so
     ``nl.matmul(x, y, tranpose_x=True)`` runs as ``x @ y`` with no error: a suspicious-pattern
     warning naming the keyword and the parameter it is closest to. (The current dialect's
     signatures have none: Python's TypeError there, ``keywords_check``.) Only near misses of
-    a named parameter warn. ``params``: the op's parameter names when ``fn``'s signature does
-    not list them (the nl wrappers)."""
+    a named parameter warn. ``api``: the name to show, when not ``fn``'s."""
     run = context.maybe_current()
     if run is None or run.rules.strict_keywords:
         return
+    params = _PARAMS.get(fn)
     if params is None:
-        params = _PARAMS.get(fn)
-        if params is None:
-            import inspect
-            params = _PARAMS[fn] = tuple(
-                n for n, p in inspect.signature(fn).parameters.items()
-                if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
+        import inspect
+        params = _PARAMS[fn] = tuple(
+            n for n, p in inspect.signature(fn).parameters.items()
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
     import difflib
     if api is None:
         mod = getattr(fn, "__module__", "") or ""
@@ -1209,19 +1205,19 @@ def ignored_keywords(fn, kwargs, api=None, params=None) -> None:
 _PASSTHROUGH = frozenset(("lazy_initialization", "perf_mode"))
 
 
-def keywords_check(api, mask, kwargs):
+def keywords_check(api, mask, kwargs, fn):
     """nki 0.3+ wrappers have no ``mask=`` ("no dtype= and no mask= on any ISA op", RN 2.27;
     the nl wrappers' 0.3.0+ signatures have none either) and, from 2.28, "unknown kwargs raise
     `unexpected keyword argument`" (spec nki-current §2.0 items 2 and 5): Python's TypeError
     under that face's rules (``Rules.strict_keywords``), for any ``mask=``, ``mask=None``
     included (a parameter the signature lacks). Beta 1's signatures take ``mask=`` and
     ``**kwargs``. Called only when the op got ``mask=`` (its default is ``NO_MASK``) or an
-    extra keyword; returns the mask to apply (None when not passed)."""
+    extra keyword; returns the mask to apply (None when not passed). ``fn``: the op, whose
+    signature names the keywords it takes (a Beta 1 near miss warns: ``ignored_keywords``)."""
     run = context.maybe_current()
     if run is None or not run.rules.strict_keywords:
         if kwargs:
-            ignored_keywords(None, kwargs, api=f"nl.{api}",
-                             params=("x", "y", "axis", "dtype", "mask", "keepdims"))
+            ignored_keywords(fn, kwargs, api=f"nl.{api}")
         return None if mask is NO_MASK else mask
     bad = "mask" if mask is not NO_MASK else sorted(kwargs)[0]
     raise TypeError(f"nl.{api}() got an unexpected keyword argument '{bad}'" +
@@ -1251,7 +1247,7 @@ def _make_binary(name):
     def op(x, y, *rest, dtype=None, mask=NO_MASK, **kwargs):
         if rest:
             dtype, = positional_check(name, 2, rest, ("dtype",), (dtype,))
-        mask = keywords_check(name, mask, kwargs) if mask is not NO_MASK or kwargs else None
+        mask = keywords_check(name, mask, kwargs, op) if mask is not NO_MASK or kwargs else None
         return _binary(name, x, y, dtype, mask)
     op.__name__ = op.__qualname__ = name
     op.__doc__ = f"Element-wise ``{name}`` of two tiles (or a tile and a scalar), ref §1.8."
@@ -1390,7 +1386,7 @@ def _make_unary(name):
     def op(x, *rest, dtype=None, mask=NO_MASK, **kwargs):
         if rest:
             dtype, = positional_check(name, 1, rest, ("dtype",), (dtype,))
-        mask = keywords_check(name, mask, kwargs) if mask is not NO_MASK or kwargs else None
+        mask = keywords_check(name, mask, kwargs, op) if mask is not NO_MASK or kwargs else None
         return _unary(name, x, dtype, mask)
     op.__name__ = op.__qualname__ = name
     op.__doc__ = f"Element-wise ``{name}`` on ScalarE (ref §1.8)."
@@ -1568,7 +1564,7 @@ def _make_reduce(name):
         if rest:
             dtype, keepdims = positional_check(name, 2, rest, ("dtype", "keepdims"),
                                                (dtype, keepdims))
-        mask = keywords_check(name, mask, kwargs) if mask is not NO_MASK or kwargs else None
+        mask = keywords_check(name, mask, kwargs, op) if mask is not NO_MASK or kwargs else None
         return _reduce(name, x, axis, dtype, mask, keepdims)
     op.__name__ = op.__qualname__ = name
     op.__doc__ = f"``{name}`` over free axes on VectorE (ref §1.8)."
@@ -1586,11 +1582,9 @@ var = _make_reduce("var")
 
 def where(condition, x, y, *rest, dtype=None, mask=NO_MASK, **kwargs):
     """Select ``x`` where ``condition`` else ``y`` (VectorE)."""
-    if kwargs:
-        ignored_keywords(where, kwargs)
     if rest:
         dtype, = positional_check("where", 3, rest, ("dtype",), (dtype,))
-    mask = keywords_check("where", mask, kwargs) if mask is not NO_MASK or kwargs else None
+    mask = keywords_check("where", mask, kwargs, where) if mask is not NO_MASK or kwargs else None
     run = context.current()
     c = _tile(condition, "where", "condition")
     cv = read(c, "where", run).reshape(_tile_shape(c)) != 0
@@ -1619,9 +1613,8 @@ def where(condition, x, y, *rest, dtype=None, mask=NO_MASK, **kwargs):
 
 
 def softmax(x, axis, *, dtype=None, mask=NO_MASK, **kwargs):
-    if kwargs:
-        ignored_keywords(softmax, kwargs)
-    mask = keywords_check("softmax", mask, kwargs) if mask is not NO_MASK or kwargs else None
+    mask = keywords_check("softmax", mask, kwargs, softmax) \
+        if mask is not NO_MASK or kwargs else None
     run = context.current()
     t = _tile(x, "softmax", "x")
     axes = reduce_axes(t, axis, "softmax")
