@@ -448,29 +448,29 @@ class _TileSize(type(_ops.tile_size)):
     and still work (spec §2.2)."""
 
     # (each constant new in 0.4.0 or 0.5.0 is an AttributeError under an older
-    # NKISIM_NKI_VERSION, as the older stubs lack it: _tile_need)
+    # NKISIM_NKI_VERSION, as the older stubs lack it: _need)
 
     @property
     def psum_bank_fmax(self):
         """One PSUM bank: 2 KiB per partition = 512 fp32 (the arch guide's PSUM bank)."""
-        _tile_need(0, 4, "psum_bank_fmax")
+        _need(0, 4, "psum_bank_fmax", "'tile_size'")
         return 512
 
     @property
     def psum_bank_fmax_bytes(self):
-        _tile_need(0, 4, "psum_bank_fmax_bytes")
+        _need(0, 4, "psum_bank_fmax_bytes", "'tile_size'")
         return 2048
 
     @property
     def sbuf_fmax_bytes(self):
         """Bytes of one partition a tile may use (the target's usable SBUF per partition)."""
-        _tile_need(0, 4, "sbuf_fmax_bytes")
+        _need(0, 4, "sbuf_fmax_bytes", "'tile_size'")
         return self._arch().sbuf_usable_bytes
 
     @property
     def sbuf_fmax(self):
         """``sbuf_fmax_bytes`` in fp32 elements."""
-        _tile_need(0, 4, "sbuf_fmax")
+        _need(0, 4, "sbuf_fmax", "'tile_size'")
         return self.sbuf_fmax_bytes // 4
 
     @property
@@ -479,13 +479,13 @@ class _TileSize(type(_ops.tile_size)):
         total_available_sbuf_size note: "Use sbuf_size_bytes for the total SBUF capacity across
         all partitions"): the target's SBUF bytes per partition times its partitions (trn2:
         224 KiB x 128 = 28 MiB)."""
-        _tile_need(0, 4, "sbuf_size_bytes")
+        _need(0, 4, "sbuf_size_bytes", "'tile_size'")
         arch = self._arch()
         return arch.sbuf_partition_bytes * arch.pmax
 
     @property
     def psum_num_banks(self):
-        _tile_need(0, 5, "psum_num_banks")
+        _need(0, 5, "psum_num_banks", "'tile_size'")
         # "7 when NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE=true, else 8" (tile_size rst @R32)
         flag = os.environ.get("NKI_DMA_TRANSPOSE_AS_PE_TRANSPOSE", "").strip().lower()
         return self._arch().psum_banks - (1 if flag in ("1", "true", "yes") else 0)
@@ -497,13 +497,6 @@ class _TileSize(type(_ops.tile_size)):
         return run.arch if run else get_arch(os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE")
                                              or None)
 
-
-
-def _tile_need(major, minor, name):
-    if not _version.at_least(major, minor):
-        now = ".".join(map(str, _version.current()))
-        raise AttributeError(f"'tile_size' has no attribute '{name}' (added in NKI "
-                             f"{major}.{minor}.0; NKISIM_NKI_VERSION={now})")
 
 
 tile_size = _TileSize()
@@ -621,10 +614,12 @@ def _n_positional(fn) -> int:
         return 0
 
 
-def _need(major, minor, name):
+def _need(major, minor, name, owner="module 'nki.language'"):
+    """``name`` of ``owner`` exists from NKI ``major.minor`` on: an AttributeError naming the
+    release under an older NKISIM_NKI_VERSION, as the older stubs lack it."""
     if not _version.at_least(major, minor):
         now = ".".join(map(str, _version.current()))
-        raise AttributeError(f"module 'nki.language' has no attribute '{name}' (added in NKI "
+        raise AttributeError(f"{owner} has no attribute '{name}' (added in NKI "
                              f"{major}.{minor}.0; NKISIM_NKI_VERSION={now})")
 
 
