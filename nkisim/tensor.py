@@ -1118,7 +1118,7 @@ class Tensor:
     def _op(self, name, other, reverse=False):
         nl = _ops
         fn = getattr(nl, name)
-        if type(other) is Tensor and name in _PARTITION_BROADCAST_OPS and \
+        if type(other) is Tensor and name in _OPERATOR_SIGN and \
                 self.paxis == 0 and other.paxis == 0 and self.shape and other.shape and \
                 self.shape[0] != other.shape[0] and 1 in (self.shape[0], other.shape[0]) and \
                 self.root.buffer != "hbm" and other.root.buffer != "hbm":
@@ -2530,9 +2530,9 @@ def inplace(t: Tensor, other, opname: str) -> Tensor:
     return t
 
 
+# the operators whose overloads do not broadcast along partitions (Tensor._op), as written
 _OPERATOR_SIGN = {"add": "+", "subtract": "-", "multiply": "*", "divide": "/",
                   "left_shift": "<<", "right_shift": ">>"}
-_PARTITION_BROADCAST_OPS = frozenset(_OPERATOR_SIGN)
 
 
 def _partitions(t: Tensor) -> int:
