@@ -1031,7 +1031,10 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
     if tile_position:           # PE tiling: the (row, col, rows, cols) tile (nkisim.schedule)
         detail["pe_tile"] = tuple(int(v) for v in tuple(tile_position) + tuple(tile_size))
     shape = (M, bv.shape[1]) if bv.ndim == 2 else (M,) + ms[1:]
-    if LAZY_RESULTS and mask is None and run.taint is None and (
+    out_mask = None if mask is None else _mask(mask, shape)
+    if st._opmask is not None or mv._opmask is not None:
+        a, bv, out_mask = _operand_masks(st, mv, a, bv, K, M, shape, out_mask)
+    if LAZY_RESULTS and out_mask is None and run.taint is None and (
             _defer or (caller is not None and _iadd_follows(caller))):
         # `acc += nc_matmul(...)`: inplace adds the values without a result tile
         # (nkisim.tensor.PendingMatmul; one pending at a time, consumed by the next bytecode;
@@ -1042,7 +1045,32 @@ def nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onez
         return p
     out = gemm.product(a, bv, shape)
     return result_tile(run, out.shape, F32, out, "nc_matmul", TENSOR, (st, mv), detail, nl.psum,
-                       None if mask is None else _mask(mask, out.shape), None, True, site)
+                       out_mask, None, True, site)
+
+
+def _operand_masks(st, mv, a, bv, K, M, shape, out_mask):
+    """The GEMM's operands and result mask under operand masking (``st[pred]``,
+    ``tensor.operand_masked``): masked-out operand elements are not read (zeros here), and
+    the result's elements whose stationary column or moving column the masks leave out
+    entirely are not computed (NKI API Masking: masked-out elements are not processed)."""
+    f0 = np.float32(0)
+    rows = cols = None
+    if st._opmask is not None:
+        sm = st._opmask.reshape(K, M)
+        a = np.where(sm, a, f0)
+        rows = sm.any(axis=0)
+    if mv._opmask is not None:
+        mm = mv._opmask.reshape(bv.shape)
+        bv = np.where(mm, bv, f0)
+        cols = mm.reshape(K, -1).any(axis=0)
+    keep = np.ones(shape, bool)
+    if rows is not None:
+        keep &= rows.reshape((M,) + (1,) * (len(shape) - 1))
+    if cols is not None:
+        keep &= cols.reshape((1,) + shape[1:])
+    if keep.all():
+        return a, bv, out_mask
+    return a, bv, keep if out_mask is None else keep & out_mask
 
 
 _STATIONARIES_MAX = 256         # kept operand copies per run (64 KiB each at most)
@@ -1318,9 +1346,10 @@ def _double_row(run, st, mv, mode, mask):
                        buffer=nl.psum, mask=_mask(mask, (M, N)))
 
 
-def nc_transpose(data, *, mask=None, dtype=None, engine=engine.unknown, **kwargs):
+def nc_transpose(data, *, mask=None, dtype=None, engine=engine.unknown, _api=None, **kwargs):
     """Swap partition and (flattened) free axes: TensorE <= (128,128) into PSUM, VectorE
-    <= (32,32) in SBUF/PSUM (ref §1.10)."""
+    <= (32,32) in SBUF/PSUM (ref §1.10). ``_api``: the name the operand is read as (nl.matmul's
+    transpose of an operand-masked x, ``tensor.read``)."""
     if kwargs:
         nl.ignored_keywords(nc_transpose, kwargs)
     run = context.current()
@@ -1341,7 +1370,7 @@ def nc_transpose(data, *, mask=None, dtype=None, engine=engine.unknown, **kwargs
                             got=x.root.buffer)
         if run.allocated_kernel and run.rules.allocated_kernel_rules:
             raise nki_error("err_transpose_on_tensor_engine_not_allowed_in_allocated_kernel")
-    a = read(x, api, run)
+    a = read(x, _api or api, run)
     v = None
     if eng == TENSOR:
         # Kernels transpose the same weights again and again (``nl.matmul(w, x)`` inserts a

@@ -456,12 +456,12 @@ def normalize_key(key, shape, name, oob=None, negative=False):
             raise nki_error("nkisim_unsupported", what="`None` (newaxis) in a tensor index",
                             why="use nl.arange(...)[:, None] index expressions")
         elif isinstance(k, MaskExpr):
-            # Beta 1's "operand masking" of matmul inputs, `nl.matmul(lhs_T[i_f <= 64], ...)`
-            # (nki.api.shared.rst, "currently only matmult APIs support operand masking")
-            raise nki_error("nkisim_unsupported",
-                            what=f"operand masking (`{name}[<mask>]`, a predicate as the index)",
-                            why="slice the operand to the rows/columns the mask keeps "
-                                "(`t[:, 0:n]`) or pass mask= to the instruction")
+            # Beta 1's "operand masking" of matmul inputs indexes with the predicate alone,
+            # `lhs_T[i_f <= 64]` (nki.api.shared.rst; nkisim.tensor.operand_masked)
+            raise nki_error("nkisim_invalid_argument", api=f"indexing `{name}`",
+                            why="a predicate among other indices: operand masking indexes with "
+                                f"the predicate alone (`{name}[i_f < n]`), after any other "
+                                f"index (`{name}[i_p, i_f][i_f < n]`)")
         else:
             raise nki_error("nkisim_invalid_argument", api=f"indexing `{name}`",
                             why=f"unsupported index {k!r} of type {type(k).__name__}")

@@ -15,9 +15,22 @@ import numpy as np
 
 from . import context, dtypes, engines
 from .errors import nki_error, shape_str
+from .indexing import MaskExpr
 from .ops import _detail, _mask, _tile, _tile_shape, _tile_vals, apply_binary, copy
 from .ops import ignored_keywords as _ignored_keywords
-from .tensor import Tensor, _free, _partitions, allocate, fit, read, region, sbuf, values, write
+from .tensor import (
+    Tensor,
+    _free,
+    _partitions,
+    allocate,
+    fit,
+    operand_masked,
+    read,
+    region,
+    sbuf,
+    values,
+    write,
+)
 from .trace import DMA, VECTOR
 
 _SUBSCRIPT_RE = re.compile(r"^\s*[A-Za-z_][\w.]*\s*\[.*\]\s*=(?!=)")
@@ -105,11 +118,18 @@ def matmul(x, y, *, transpose_x=False, mask=None, **kwargs):
                         why=f"x.T @ y contracts x's partition size {xs[0]} with y's partition "
                             f"size {ys[0]}, which differ")
     if not transpose_x:
-        # the extra TensorE transpose the compiler inserts, then a copy back to SBUF
-        tp = engines.nc_transpose(xt, engine=engines.engine.tensor)
+        # the extra TensorE transpose the compiler inserts, then a copy back to SBUF; an
+        # operand mask of x (`x[pred]`, tensor.operand_masked) goes with it, transposed
+        xm = xt._opmask
+        tp = engines.nc_transpose(xt, engine=engines.engine.tensor,
+                                  _api=None if xm is None else "nc_transpose (nl.matmul)")
         xt = copy(tp, dtype=xt.dtype, buffer=sbuf)
         del tp
-    return engines.nc_matmul(xt, yt)
+        if xm is not None:
+            xt = operand_masked(xt, MaskExpr(xm.T))
+    # (the mask is the result's, (M, N): "the Neuron Compiler cannot distinguish the two input
+    # axes" of a matmul in a mask= expression, NKI API Masking)
+    return engines.nc_matmul(xt, yt, mask=mask)
 
 
 def dropout(x, rate, *, dtype=None, mask=None, **kwargs):

@@ -27,7 +27,7 @@ import numpy as np
 
 from . import checks, context, dtypes, psum_init
 from .errors import nki_error, shape_str
-from .indexing import IndexExpr, normalize_key, split_shape, whole
+from .indexing import IndexExpr, MaskExpr, normalize_key, split_shape, whole
 from .memory import TOUCHED
 from .trace import TENSOR as TENSOR_ENGINE
 from .trace import Region
@@ -596,7 +596,7 @@ class Tensor:
 
     __slots__ = ("_arr", "_ws", "root", "dtype", "shape", "paxis", "_idx", "_slots", "_producer",
                  "_inplace", "_off", "_oob", "_mask", "_reduce", "_region", "_views",
-                 "__weakref__")
+                 "_opmask", "__weakref__")
     __array_priority__ = 1000
 
     def __init__(self, arr, shadow, root, dtype, shape, paxis, idx, off=0):
@@ -616,6 +616,7 @@ class Tensor:
         self._reduce = None         # ALU op of a pending `dst[...] = nl.loop_reduce(...)`
         self._region = None         # region(self), once computed (a view's place is fixed)
         self._views = None          # on-chip: the views of common keys taken so far (_view)
+        self._opmask = None         # a matmul operand's mask, `t[i_f < n]` (operand_masked)
 
     @property
     def _w(self):
@@ -1001,6 +1002,8 @@ class Tensor:
             k = _fast_key(key, self.shape)
             if k is not None:                  # ints and in-bound unit-step slices
                 return self._basic_view(k)
+        if type(key) is MaskExpr:
+            return operand_masked(self, key)
         if self._slots is not None:
             return self._block_getitem(key)
         if self._idx is not None:
@@ -1467,12 +1470,67 @@ def values(t: Tensor) -> np.ndarray:
     return t._arr[t._idx]
 
 
+def operand_masked(t: Tensor, mask: MaskExpr) -> Tensor:
+    """``t[pred]``: Beta 1's "operand masking" of a matmul input (NKI API Masking, "we
+    introduce 'operand masking' syntax for matmult APIs", ``nl.matmul(lhs_T[i_lhs_f <= 64],
+    rhs[i_rhs_f <= 256], transpose_x=True)``; nki-samples contributed/conv.py indexes
+    ``masked[i_p, i_img][i_img < K0*K1]``): the same view, whose masked-out elements the
+    matmul neither reads nor multiplies (``nkisim.engines.nc_matmul``). Only matmul APIs take
+    such a view ("currently only matmult APIs support operand masking", ``read``)."""
+    if t.root.buffer == "hbm" or t._slots is not None:
+        raise nki_error("nkisim_invalid_argument", api=f"indexing `{t.name}`",
+                        why="a predicate as the index (operand masking) applies to an SBUF "
+                            "tile passed to nl.matmul or nisa.nc_matmul")
+    try:
+        m = np.broadcast_to(mask.v, t.shape)
+    except ValueError:
+        raise nki_error("nkisim_invalid_argument", api=f"indexing `{t.name}`",
+                        why=f"the operand mask of shape {list(mask.v.shape)} does not "
+                            f"broadcast to the tile's shape {list(t.shape)}") from None
+    v = Tensor(t._arr, t._ws, t.root, t.dtype, t.shape, t.paxis, t._idx, t._off)
+    v._oob = t._oob
+    v._opmask = m if t._opmask is None else m & t._opmask
+    return v
+
+
+# the APIs that take an operand-masked view (operand_masked): nl.matmul lowers to these two
+_OPERAND_MASK_APIS = ("nc_matmul", "nc_transpose (nl.matmul)")
+
+
+def _read_operand_masked(t: Tensor, api: str, run) -> np.ndarray:
+    """``read`` of an operand-masked view: the checks concern its masked-in elements only."""
+    if api not in _OPERAND_MASK_APIS:
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"`{t.name}[<predicate>]` (operand masking) is supported by "
+                            "nl.matmul and nisa.nc_matmul only (NKI API Masking: 'currently "
+                            "only matmult APIs support operand masking'); pass mask= instead")
+    m = t._opmask
+    active = _active_mask(t.shape)
+    if active is not None:
+        m = m & active
+    if t._oob is not None:
+        _check_oob(t, m)
+    if t._ws is not None:
+        run = run or context.current()
+        view = _masked_shadow_view(t, m, run)
+        try:
+            checks.check_read(run, view, api)
+        except ValueError as e:
+            if getattr(e, "nki_code", "") != _UNINIT:
+                raise
+            _taint(run, view, e)
+            checks.check_read(run, view, api, uninit=False)
+    return values(t)
+
+
 def read(t: Tensor, api: str, run=None) -> np.ndarray:
     """Values of an operand, after the uninitialized-read and loop-carried-dependency checks.
 
     The checks only concern the elements the instruction's mask keeps (ref §1.12): masked-out
     elements are neither read nor out of bounds.
     """
+    if t._opmask is not None:
+        return _read_operand_masked(t, api, run)
     if t._oob is not None:
         _check_oob(t, _active_mask(t.shape))
     if t._ws is not None:
@@ -2496,7 +2554,23 @@ def inplace(t: Tensor, other, opname: str) -> Tensor:
         inc = other._arr if other._idx is None and other._slots is None and \
             other._arr.shape == t.shape else fit(values(other), t.shape, other.shape,
                                                  f"{t.name} += nc_matmul(...)")
-        if fresh is not None:
+        if other._mask is not None:
+            # `psum += nisa.nc_matmul(..., mask=m)` is one accumulating matmul instruction
+            # (ref §1.11), and a masked instruction "only processes" the masked-in elements
+            # (§1.12): the masked-out ones of `psum` keep their values, as `mask=(i * 128 <
+            # n)` in AWS's reference/allocated_fused_linear.py relies on for its last tile.
+            m = fit(other._mask, t.shape, other.shape)
+            if fresh is not None:
+                fresh = fresh & m
+            if garbage is not None:
+                garbage = garbage & m
+                garbage = garbage if garbage.any() else None
+            old = values(t).astype(np.float32)
+            new = old + inc
+            if fresh is not None:
+                new = np.where(fresh, inc, new)
+            write(t, new, "nc_matmul", accumulate=True, run=run, mask=m)
+        elif fresh is not None:
             acc = values(t).astype(np.float32) + inc
             write(t, np.where(fresh, inc, acc), "nc_matmul", accumulate=True, run=run)
         else:

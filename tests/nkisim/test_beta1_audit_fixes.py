@@ -131,24 +131,6 @@ def test_neuroncore_v3_features_are_refused_on_trn1_and_run_on_trn2(case, msg, m
     np.testing.assert_array_equal(got, a + 1 if case == "scalar_add" else a)
 
 
-def test_operand_masking_is_named_as_unsupported():
-    # nki.api.shared.rst: `nl.matmul(lhs_T[i_lhs_f <= 64], rhs[i_rhs_f <= 256], transpose_x=True)`
-    # ("operand masking"): nkisim does not simulate it and says so, naming the tensor, instead
-    # of "unsupported index <MaskExpr object at 0x...>"
-    @nki.jit
-    def k(xT, y):
-        out = nl.ndarray((128, 512), dtype=nl.float32, buffer=nl.shared_hbm)
-        lhs_T = nl.load(xT)
-        rhs = nl.load(y)
-        i_lhs_f, i_rhs_f = nl.arange(128)[None, :], nl.arange(512)[None, :]
-        r = nl.matmul(lhs_T[i_lhs_f <= 64], rhs[i_rhs_f <= 256], transpose_x=True)
-        nl.store(out, nl.copy(r))
-        return out
-    a, b = np.ones((128, 128), np.float32), np.ones((128, 512), np.float32)
-    with pytest.raises(NotImplementedError, match=r"operand masking \(`lhs_T\[<mask>\]`"):
-        nki.simulate_kernel(k, a, b)
-
-
 def test_affine_select_takes_one_comparison_not_combined_masks():
     # "It can't be multiple masks combined using logical operators such as & and |. For a
     # complex predicate that doesn't meet the above requirements, consider using nl.where"
