@@ -209,6 +209,15 @@ ERRORS: dict[str, tuple[type[Exception], str]] = {
         "tolerates it; without strict mode this is a warning): {what}; the rule: \"{rule}\" "
         "({link})"),
     "nkisim_invalid_argument": (ValueError, "{api}: {why}"),
+    # an on-chip tile indexed with anything but a contiguous run of partitions (Beta 1
+    # programming model, "Advanced Tensor Indexing"; nki-aps.rst, "Restriction on SBUF/PSUM
+    # Tensors"; nkisim.tensor._partition_index)
+    "nkisim_partition_index": (
+        ValueError, "`{name}[...]` {what}: flexible indexing is not supported along the "
+        "partition dimension (programming model, \"Advanced Tensor Indexing\"; \"the access on "
+        "the partition dimension must be contiguous\", NKI access patterns); index partitions "
+        "with a unit-step slice or `start + i_p`, and move data across partitions with "
+        "nisa.nc_transpose or a DMA"),
     # a size, loop bound or index that is not an integer: Python's range and slicing and
     # NumPy's shapes raise TypeError for a float (`M / 128` where `M // 128` was meant) or a
     # tuple; nkisim used to truncate the float silently

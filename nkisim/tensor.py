@@ -795,6 +795,9 @@ class Tensor:
             raise nki_error("nkisim_invalid_argument", api="slice",
                             why=f"needs 0 <= start < end <= {self.shape[dim]} (the size of "
                                 f"dimension {dim}), got start={start}, end={end}")
+        if step != 1 and dim == 0 and self.paxis == 0 and self.root.buffer != "hbm":
+            raise nki_error("nkisim_partition_index", name=self.name,
+                            what=f"steps through partitions (slice(0, {start}, {end}, {step}))")
         key = (slice(None),) * dim + (slice(start, end, step),)
         return self._derive("slice", lambda a: a[key])
 
@@ -1015,6 +1018,8 @@ class Tensor:
         run = context.maybe_current()
         kind, k = normalize_key(key, self.shape, self.name, oob,
                                 run is not None and run.rules.negative_indices)
+        if self.paxis == 0 and k and self.root.buffer != "hbm":
+            _partition_index(self, kind, k)
         if kind == "basic":
             return self._basic_view(k)
         ishape = np.broadcast_shapes(*(np.shape(x) for x in k))
@@ -1468,6 +1473,38 @@ def values(t: Tensor) -> np.ndarray:
     if t._idx is None:
         return t._arr
     return t._arr[t._idx]
+
+
+def _partition_index(t: Tensor, kind: str, k: tuple) -> None:
+    """A tile's partitions are indexed by one contiguous run, in order: the first index is an
+    int, a unit-step slice, or an expression ``start + i`` along the result's first axis.
+    "Flexible indexing is not supported along the partition dimension" (Beta 1 programming
+    model, "Advanced Tensor Indexing"; its Case #2 transposes through nc_transpose, not an
+    index); "the access on the partition dimension must be contiguous ... not allowed because
+    it reads every other partition" (nki-aps.rst, which the current dialect's views are
+    built on). HBM tensors take any row pattern (``a[2 * i_p + 1, i_f]``)."""
+    p = k[0]
+    if kind == "basic":
+        if type(p) is slice and p.step != 1:
+            raise nki_error("nkisim_partition_index", name=t.name,
+                            what=f"steps through partitions ({p.start}:{p.stop}:{p.step})")
+        return
+    if not isinstance(p, np.ndarray):
+        return
+    shape = np.broadcast_shapes(*(np.shape(x) for x in k if isinstance(x, np.ndarray)))
+    v = np.broadcast_to(p, shape)
+    n = shape[0] if shape else 1
+    run = v.flat[0] + np.arange(n).reshape((n,) + (1,) * (len(shape) - 1)) if shape else v
+    if not np.array_equal(v, np.broadcast_to(run, shape)):
+        d = np.diff(v, axis=0) if shape and n > 1 else None
+        if d is not None and (v == v.flat[0]).all():
+            what = "reads one partition into many (a partition broadcast)"
+        elif d is not None and (d == d.flat[0]).all() and \
+                (v == v[(slice(None),) + (slice(0, 1),) * (v.ndim - 1)]).all():
+            what = f"steps through partitions by {int(d.flat[0])}"
+        else:
+            what = "picks partitions other than one contiguous run along its first axis"
+        raise nki_error("nkisim_partition_index", name=t.name, what=what)
 
 
 def operand_masked(t: Tensor, mask: MaskExpr) -> Tensor:
