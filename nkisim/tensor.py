@@ -117,7 +117,7 @@ class Allocation:
                  "mutable", "live", "pbytes", "banks", "loop", "file", "line", "direct",
                  "dtype", "shape", "epoch", "hi", "gen", "version", "full", "uniform", "taint",
                  "adopted", "store", "buf", "base_off", "unpoisoned", "nparts", "rd", "pend",
-                 "span", "born", "boxes", "garbage", "__weakref__")
+                 "span", "born", "boxes", "garbage", "psum_set", "__weakref__")
 
     # (the fields an SBUF/PSUM tile sets are parameters: each is set once, issue 12)
     def __init__(self, buffer, name, dtype, shape, id=0, file="", line=0, epoch=0, buf=None,
@@ -160,6 +160,7 @@ class Allocation:
         self.pend = None              # program instances' pending overlapping writes (checks)
         self.span = None              # [first, last] touch while measured (nkisim.memory)
         self.born = 0                 # clock at its allocation (nkisim.memory)
+        self.psum_set = None          # PSUM: the non-matmul op that last wrote it (_write_end)
 
 
 _ids = iter(range(1, 1 << 62))
@@ -2042,8 +2043,31 @@ def _write_end(t: Tensor, api, mask, run, state) -> None:
                 t._w[sel] = run.epoch
     if run.taint is not None:
         _apply_taint(run, t, api, mask)
-    if root.buffer == "psum" and api != "nc_matmul" and psum_init.tracked(root):
-        psum_init.clear(t, mask)     # a non-matmul write ends the accumulation group
+    if root.buffer == "psum":
+        if api == "nc_matmul" or api == "nc_transpose":
+            root.psum_set = None
+        else:
+            root.psum_set = api      # (psum_value_set: a `+=` matmul onto it is undefined)
+            if psum_init.tracked(root):
+                psum_init.clear(t, mask)     # a non-matmul write ends the accumulation group
+
+
+def psum_value_set(run, t: Tensor) -> None:
+    """``psum += nisa.nc_matmul(...)`` onto PSUM a non-matmul instruction wrote last: "On
+    NeuronCore-v2 and NeuronCore-v3, matmul accumulating into a PSUM location that was
+    value-initialized by a non-matmul instruction (e.g., memset, tensor_copy) is not supported
+    and is undefined behavior on hardware" (nki.isa.nc_matmul, SDK 2.32); the Beta 1 compiler
+    makes the first matmul of an `nl.zeros` + `+=` group overwrite (reference §1.11), so a bias
+    copied in first is lost or garbage. nkisim adds onto it (what the kernel says) and warns."""
+    root = t.root
+    run.warn(("psum_value_set", root.id),
+             f"`{t.name} += nisa.nc_matmul(...)` accumulates onto PSUM that a non-matmul "
+             f"instruction ({root.psum_set}) wrote: on NeuronCore-v2/v3 \"matmul accumulating "
+             "into a PSUM location that was value-initialized by a non-matmul instruction (e.g., "
+             "memset, tensor_copy) is not supported and is undefined behavior on hardware\" "
+             "(nki.isa.nc_matmul docs); start the group from nl.zeros and add a bias after the "
+             "matmuls")
+    root.psum_set = None
 
 
 def _full_idx(idx, t):
@@ -2503,6 +2527,8 @@ def _consume_pending(t: Tensor, p: PendingMatmul) -> bool:
     # (no reference to the tuple past record_pending: the operand tiles it holds die when
     # record_pending returns, in the order they did when nc_matmul returned)
     del pend
+    if root.psum_set is not None:
+        psum_value_set(run, t)
     instr, out = record_pending(t)
     fresh, garbage = (None, None) if t._ws is None else _accumulate_check(run, t)
     if fresh is not None:
@@ -2585,6 +2611,8 @@ def inplace(t: Tensor, other, opname: str) -> Tensor:
                      "is rounded")
         if t._slots is not None:
             values(t)            # err_failed_to_infer_tile_from_local_tensor
+        if t.root.psum_set is not None:
+            psum_value_set(run, t)
         fresh, garbage = (None, None) if t._ws is None else _accumulate_check(run, t)
         if other.root.unpoisoned is not None:
             poisoned(other.root)
