@@ -202,6 +202,14 @@ ERRORS: dict[str, tuple[type[Exception], str]] = {
         "Python evaluator\", NKI migration guide), so on the device every iteration sees `{name}` "
         "as it was before the loop; compute it from `{var}` (e.g. `{var} * 128`), or unroll the "
         "loop with nl.static_range"),
+    # the same, for a number the body only updates and the code after the loop reads
+    "nkisim_python_state_after_loop": (
+        ValueError, "Python variable `{name}` changes from one iteration of the `{var}` loop "
+        "({kind} at {where}) to the next ({before!r}, then {after!r}) and is read after the "
+        "loop: the NKI Beta 1 front end runs a loop body once (\"`val += 1` in `for i in "
+        "range(8)` will print 1\", NKI migration guide), so on the device `{name}` after the "
+        "loop holds its value after one iteration; compute it from the loop bounds (e.g. "
+        "`n = len(range(...))`), or unroll the loop with nl.static_range"),
     "nkisim_unsupported": (NotImplementedError, "{what} is not supported by nkisim: {why}"),
     # a documented rule the device tolerates, made an error by strict mode (see NKIRuleWarning)
     "nkisim_strict_rule": (

@@ -131,9 +131,12 @@ def _loop_table(code) -> dict:
         return {}
     table = {}
     offset = (first or 1) - 1
+    reads = None
     for node in _own_nodes(fn.body):
         if isinstance(node, ast.For):
-            names, picks = _carried(node)
+            if reads is None:
+                reads = _uses(fn.body)
+            names, picks = _carried(node, {n for ln, n in reads if ln > node.end_lineno})
             if names:
                 entry = (names, ast.unparse(node.target), picks)
                 for ln in range(node.lineno, node.iter.end_lineno + 1):
@@ -153,12 +156,34 @@ def _own_nodes(stmts):
                 todo.append(child)
 
 
-def _carried(loop) -> tuple:
+# ``carried_names``'s picks entry of a name the body only updates and the code after the loop
+# reads (``n += 1`` in the body, ``1.0 / n`` after it): on the device it holds its value after
+# one iteration there ("`val += 1` in `for i in range(8)` will print 1")
+AFTER = "after"
+
+
+def _carried(loop, after=frozenset()) -> tuple:
+    """``after``: the names the function reads (other than to report them) after the loop."""
     exposed, stored, used = set(), set(), {}
     _scan(loop.body, set(_targets(loop.target)), exposed, stored, used)
-    names = tuple(sorted(exposed & stored & set(used)))
-    picks = {n: None if None in used[n] else frozenset(used[n]) for n in names}
+    names = tuple(sorted(exposed & stored & (set(used) | set(after))))
+    picks = {n: AFTER if n not in used else None if None in used[n] else frozenset(used[n])
+             for n in names}
     return names, picks
+
+
+def _uses(stmts) -> list:
+    """``(line, name)`` of every read of a name in ``stmts`` other than a reporting one (a
+    print, an f-string, an assert: as ``_loads`` counts them)."""
+    harmless, out = set(), []
+    for n in _own_nodes(stmts):
+        if isinstance(n, ast.Call) and _called(n.func) in _REPORTING or \
+                isinstance(n, (ast.JoinedStr, ast.Assert)):
+            harmless.update(id(m) for m in ast.walk(n))
+    for n in _own_nodes(stmts):
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load) and id(n) not in harmless:
+            out.append((n.lineno, n.id))
+    return out
 
 
 def _subscript_bases(node) -> dict:

@@ -464,6 +464,10 @@ def _carried_values(loop, frame, carried, seen, i, api) -> dict:
             if seen is not None and name in seen and seen[name] != v:
                 where = f"{os.path.basename(loop.file)}:{loop.line}"
                 bases = picks.get(name)
+                if bases is frontend.AFTER:
+                    raise nki_error("nkisim_python_state_after_loop", name=name,
+                                    var=var or "?", kind=api, where=where, before=seen[name],
+                                    after=v)
                 if bases and builtins.all(_tile_list(local.get(b, frame.f_globals.get(b)))
                                  for b in bases):
                     context.current().warn(

@@ -166,8 +166,39 @@ def test_carried_names_reads_the_source():
 
     code = k.__code__
     line = code.co_firstlineno + 3
-    assert frontend.carried_names(code, line) == (("off",), "m", {"off": frozenset({"a"})})
+    # `total` is only updated in the body, but the code after the loop reads it
+    assert frontend.carried_names(code, line) == (
+        ("off", "total"), "m", {"off": frozenset({"a"}), "total": frontend.AFTER})
     assert frontend.carried_names(code, line + 1) == ((), "", {})
+
+    def reported(a):
+        total = 0
+        for m in nl.affine_range(4):             # noqa: B007
+            total += 1
+        print(f"{total} tiles")                  # (a report changes no instruction)
+        assert total > 0
+        return a
+
+    code = reported.__code__
+    assert frontend.carried_names(code, code.co_firstlineno + 2) == ((), "", {})
+
+
+@pytest.mark.parametrize("loop", ["affine_range", "sequential_range", "range"])
+def test_a_counter_read_after_the_loop_is_an_error(loop):
+    # the migration guide's own example: `val += 1` in `for i in range(8)` "will print 1"
+    def body(a):
+        out = nl.ndarray((128, 64), dtype=nl.float32, buffer=nl.shared_hbm)
+        acc = nl.zeros((128, 64), dtype=nl.float32, buffer=nl.sbuf)
+        n = 0
+        for i in getattr(nl, loop, range)(4):
+            acc[...] = nl.add(acc, nl.load(a[i * 128:(i + 1) * 128]))
+            n += 1
+        nl.store(out, nl.multiply(acc, 1.0 / n))
+        return out
+
+    with pytest.raises(ValueError, match=r"`n` changes from one iteration of the `i` loop .* "
+                                         r"\(0, then 1\) and is read after the loop"):
+        run(body, np.ones((512, 64), np.float32))
 
 
 def test_a_counter_that_only_picks_a_tile_from_a_list_is_a_warning():
