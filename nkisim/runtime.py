@@ -392,7 +392,10 @@ def last_run():
 
 
 def _is_array_like(a):
-    return hasattr(a, "__array_interface__") and not isinstance(a, (int, float))
+    # (a NumPy scalar, np.float32(2.0) or a np.int64 loop variable, is not an array: "Array
+    # arguments become NkiTensors ... Other arguments pass through unchanged", the simulator
+    # docs, spec nki-current.md §3; as it does when passed by keyword)
+    return hasattr(a, "__array_interface__") and not isinstance(a, (int, float, np.generic))
 
 
 def _flatten(result):

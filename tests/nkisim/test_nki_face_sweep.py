@@ -121,3 +121,23 @@ def test_a_dma_priority_is_a_level_0_to_3():
     with pytest.raises(nisa.NkiValidationError, match=r"priority must be a level 0-3 .* got 7"):
         run(through(copy(7)), X)
     np.testing.assert_array_equal(run(through(copy(3)), X), X)
+
+
+@pytest.mark.parametrize("s", [2.0, 2, np.float64(2.0), np.float32(2.0), np.int64(2)])
+@pytest.mark.parametrize("how", ["positional", "keyword"])
+def test_numpy_scalar_arguments_pass_through_unchanged(s, how):
+    # "Array arguments become NkiTensors ... Other arguments pass through unchanged" (the
+    # simulator docs, spec §3): a NumPy scalar (np.float32(2.0), a np.int64 loop variable over
+    # np.array([1, 2])) is no array; it was a 0-d HBM tensor when passed positionally
+    def body(x, s):
+        t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x)
+        r = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=r, data=t, op0=nl.multiply, operand0=s)
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=r)
+        return out
+
+    k = nki_face.simulate(nki_face.jit(body))
+    got = k(X, s) if how == "positional" else k(X, s=s)
+    np.testing.assert_allclose(got, X * 2)
