@@ -23,7 +23,7 @@ import weakref
 import numpy as np
 
 from . import checks, context, dtypes
-from .errors import nki_error
+from .errors import nki_error, shape_str
 from .indexing import IndexExpr
 from .tensor import Tensor, _check_oob, _full_idx, poisoned, read, values, write
 
@@ -63,8 +63,18 @@ def indirect_getitem(tensor, key):
     tiles = []
     raw = []
     new = []
+    others = [np.shape(k.v) for k in key if isinstance(k, IndexExpr)]
     for k in key:
         if isinstance(k, Tensor):
+            try:
+                np.broadcast_shapes(tuple(k.shape), *others)
+            except ValueError:
+                raise nki_error("nkisim_invalid_argument", api=f"indexing `{tensor.name}`",
+                                why=f"the index tile `{k.name}`{shape_str(k.shape)} does not "
+                                    f"broadcast with the other indices "
+                                    f"({', '.join(shape_str(o) for o in others)}): an indirect "
+                                    "index tile holds one index per partition ([P, 1], or "
+                                    f"`{k.name}[i_p, j]` for its column j)") from None
             v = _index_values(k, run)
             tiles.append(k)
             raw.append(v)

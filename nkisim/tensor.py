@@ -1019,6 +1019,15 @@ class Tensor:
         run = context.maybe_current()
         kind, k = normalize_key(key, self.shape, self.name, oob,
                                 run is not None and run.rules.negative_indices)
+        if kind != "basic":
+            try:
+                np.broadcast_shapes(*(np.shape(x) for x in k if isinstance(x, np.ndarray)))
+            except ValueError:
+                shapes = " and ".join(shape_str(np.shape(x)) for x in k
+                                      if isinstance(x, np.ndarray))
+                raise nki_error("nkisim_invalid_argument", api=f"indexing `{self.name}`",
+                                why=f"index expressions of shapes {shapes} do not broadcast "
+                                    "together") from None
         if self.paxis == 0 and k and self.root.buffer != "hbm":
             _partition_index(self, kind, k)
         if kind == "basic":

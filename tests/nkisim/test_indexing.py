@@ -402,3 +402,38 @@ def test_a_derived_expressions_form_is_the_one_its_values_have():
         views += kind == "basic"
         np.testing.assert_array_equal(a[norm], a[tuple(k.v for k in key)])
     assert views > 40           # (the random keys include rectangles, not only gathers)
+
+
+def test_index_expressions_that_do_not_broadcast_are_a_one_line_error():
+    i_p = lambda: nl.arange(16)[:, None]        # noqa: E731
+    i_q = lambda: nl.arange(8)[:, None]         # noqa: E731
+    with pytest.raises(ValueError, match=r"indexing `a`: index expressions of shapes \[16, 1\] "
+                                         r"and \[8, 1\] do not broadcast together"):
+        run_load(lambda a: a[i_p(), i_q()], a2d(), (16, 1))
+
+
+def test_an_index_tile_of_two_columns_is_named_in_a_one_line_error():
+    # one index per partition (nki.errors: `idx_tile[i_p, 0]`); NumPy's broadcast error before
+    a = a2d(256, 64)
+    idx = np.stack([np.arange(128), np.arange(128)[::-1]], 1).astype(np.int32)
+
+    @nki.jit
+    def k(a, idx):
+        out = hbm_out((128, 64))
+        it = nl.load(idx)
+        nl.store(out, nl.load(a[it, nl.arange(64)[None, :]]))
+        return out
+
+    with pytest.raises(ValueError, match=r"the index tile `it`\[128, 2\] does not broadcast with "
+                                         r"the other indices \(\[1, 64\]\)"):
+        nki.simulate_kernel(k, a, idx)
+
+    @nki.jit
+    def column(a, idx):
+        out = hbm_out((128, 64))
+        it = nl.load(idx)
+        i_p = nl.arange(128)[:, None]
+        nl.store(out, nl.load(a[it[i_p, 1], nl.arange(64)[None, :]]))
+        return out
+
+    np.testing.assert_array_equal(nki.simulate_kernel(column, a, idx), a[idx[:, 1]])
