@@ -20,7 +20,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from . import checks, dtypes
 from .errors import nki_error
-from .tensor import Tensor, _addr, _coarse_shadow, read
+from .tensor import INDIRECT_ROWS, Tensor, _addr, _coarse_shadow, read
 
 # an indirect view -> the shape of the vector_offset tile it was made with (dma_transpose reads
 # a 2-D one column-major: column_major_rows)
@@ -341,8 +341,10 @@ def vector_select(t: Tensor, dim: int, vector_offset) -> Tensor:
                         size=n)
     rest = tuple(np.arange(c) for c in t.shape[1:])
     key = np.ix_(idx, *rest) if rest else (idx,)
-    return Tensor(t._arr, t._w, t.root, t.dtype, (idx.size,) + tuple(t.shape[1:]), None,
-                  tuple(key), t._off)
+    v = Tensor(t._arr, t._w, t.root, t.dtype, (idx.size,) + tuple(t.shape[1:]), None,
+               tuple(key), t._off)
+    INDIRECT_ROWS.add(v)
+    return v
 
 
 def dynamic_select(t: Tensor, dim: int, index) -> Tensor:
@@ -366,12 +368,17 @@ def dynamic_select(t: Tensor, dim: int, index) -> Tensor:
     if not 0 <= v < n:
         raise nki_error("err_tensor_access_out_of_bound", name=t.name, dim=dim, lo=v, hi=v,
                         size=n)
-    others = [np.arange(c) for i, c in enumerate(t.shape) if i != dim]
-    grids = list(np.ix_(*others)) if others else []
-    key = grids[:dim] + [np.int64(v)] + grids[dim:]
-    shape = tuple(c for i, c in enumerate(t.shape) if i != dim)
-    if len(shape) < 2 and t.root.buffer != "hbm":
-        raise nki_error("nkisim_invalid_argument", api=api,
-                        why="an on-chip view keeps at least 2 dimensions")
+    if len(t.shape) <= 2 and t.root.buffer != "hbm":
+        # an on-chip view keeps 2 dimensions: the selected one stays, at size 1, as a static
+        # select and an integer index keep it (nki-current.md §2.0, "an integer on dim 0 keeps
+        # it at size 1"; SBUF and PSUM tensors "are always at least 2-D", language guide)
+        key = list(np.ix_(*[np.arange(c) if i != dim else np.array([v])
+                            for i, c in enumerate(t.shape)]))
+        shape = tuple(c if i != dim else 1 for i, c in enumerate(t.shape))
+    else:
+        others = [np.arange(c) for i, c in enumerate(t.shape) if i != dim]
+        grids = list(np.ix_(*others)) if others else []
+        key = grids[:dim] + [np.int64(v)] + grids[dim:]
+        shape = tuple(c for i, c in enumerate(t.shape) if i != dim)
     return Tensor(t._arr, t._w, t.root, t.dtype, shape, t.paxis if dim != 0 else None,
                   tuple(key), t._off)

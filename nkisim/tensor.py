@@ -21,6 +21,7 @@ import math
 import re
 import sys
 import types
+import weakref
 from typing import NamedTuple
 
 import numpy as np
@@ -941,6 +942,8 @@ class Tensor:
 
     def _derive(self, api, fn):
         """A view made by the same NumPy view operation on the values and their shadow."""
+        if self._idx is not None and self._slots is None:
+            return _derive_indexed(self, api, fn)
         self._plain(api)
         arr = fn(self._arr)
         w = None if self._w is None else fn(self._w)
@@ -1011,6 +1014,13 @@ class Tensor:
         if self._slots is not None:
             return self._block_getitem(key)
         if self._idx is not None:
+            run = context.maybe_current()
+            if run is not None and run.rules.view_primitives and not isinstance(key, MaskExpr):
+                # the current dialect's views compose (a view of an indirect view, below)
+                kind, k = normalize_key(key, self.shape, self.name, None,
+                                        run.rules.negative_indices)
+                if kind == "basic":
+                    return _derive_indexed(self, "indexing", lambda a: a[k])
             raise nki_error("nkisim_unsupported", what="nested indexing of an indexed view",
                             why="index the tensor once (CS149: 'Do not use nested slicing')")
         if any(isinstance(k, Tensor) for k in (key if isinstance(key, tuple) else (key,))):
@@ -1483,6 +1493,35 @@ def values(t: Tensor) -> np.ndarray:
     if t._idx is None:
         return t._arr
     return t._arr[t._idx]
+
+
+# views whose first dimension is a vector_select's indirect one (nkisim.access.vector_select)
+INDIRECT_ROWS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _derive_indexed(t: Tensor, api: str, fn) -> Tensor:
+    """A view of an indirect (advanced-indexed) view ``t``: the same NumPy view operation
+    ``fn`` on each of its index arrays. "View primitives return NkiTensor and every primitive
+    accepts any NkiTensor, so they compose freely" (NKI language guide); the one restriction:
+    "the dimension that participates in the indirection cannot be further sliced or
+    selected" (NkiTensor.is_indirect stub), and after vector_select "dims[0] must be 0"
+    (permute stub)."""
+    shape = t.shape
+    rows = t in INDIRECT_ROWS
+    if rows:
+        n = shape[0]
+        probe = fn(np.broadcast_to(np.arange(n).reshape((n,) + (1,) * (len(shape) - 1)), shape))
+        if probe.ndim == 0 or probe.shape[0] != n or not (
+                probe == np.arange(n).reshape((n,) + (1,) * (probe.ndim - 1))).all():
+            raise nki_error("nkisim_invalid_argument", api=f"{api} of `{t.name}`",
+                            why="the dimension that participates in the indirection (dim 0 of "
+                                "a vector_select) cannot be further sliced, selected or moved")
+    idx = tuple(fn(np.broadcast_to(a, shape)) for a in t._idx)
+    new = idx[0].shape if idx else ()
+    v = Tensor(t._arr, t._ws, t.root, t.dtype, new, t.paxis if len(new) else None, idx, t._off)
+    if rows:
+        INDIRECT_ROWS.add(v)
+    return v
 
 
 def _partition_index(t: Tensor, kind: str, k: tuple) -> None:

@@ -141,3 +141,54 @@ def test_numpy_scalar_arguments_pass_through_unchanged(s, how):
     k = nki_face.simulate(nki_face.jit(body))
     got = k(X, s) if how == "positional" else k(X, s=s)
     np.testing.assert_allclose(got, X * 2)
+
+
+H = np.arange(64 * 128 * 8, dtype=np.float32).reshape(64, 128, 8)
+
+
+def _indirect(view, shape):
+    def body(h):
+        idx = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+        nisa.memset(idx, value=2)
+        vec = nl.ndarray((64, 1), nl.int32, buffer=nl.sbuf)
+        nisa.iota(vec, [[0, 1]], 63, -1)                   # 63 - p: rows in reverse
+        out = nl.ndarray(shape, nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=view(h, idx, vec))
+        return out
+    return run(body, H)
+
+
+@pytest.mark.parametrize("view, shape, want", [
+    (lambda h, i, v: h.select(0, i)[:, 0:4], (128, 4), H[2][:, 0:4]),
+    (lambda h, i, v: h.select(0, i).slice(1, 0, 4), (128, 4), H[2][:, 0:4]),
+    (lambda h, i, v: h.select(0, i).permute((1, 0)), (8, 128), H[2].T),
+    (lambda h, i, v: h.vector_select(0, v).permute((0, 2, 1)), (64, 8, 128),
+     H[::-1].transpose(0, 2, 1)),
+    (lambda h, i, v: h.vector_select(0, v)[:, 0:64, :], (64, 64, 8), H[::-1, 0:64, :]),
+])
+def test_views_of_an_indirect_view_compose(view, shape, want):
+    # "they compose freely" (language guide); only the indirect dimension is fixed
+    # (NkiTensor.is_indirect: it "cannot be further sliced or selected")
+    np.testing.assert_array_equal(_indirect(view, shape), want)
+
+
+@pytest.mark.parametrize("view", [lambda h, i, v: h.vector_select(0, v)[0:32],
+                                  lambda h, i, v: h.vector_select(0, v).permute((1, 0, 2))])
+def test_the_indirect_dimension_of_a_vector_select_stays_whole_and_first(view):
+    with pytest.raises(ValueError, match="participates in the indirection"):
+        _indirect(view, (32, 128, 8))
+
+
+def test_a_dynamic_select_of_a_2d_tile_keeps_the_dimension_at_size_1():
+    def body(x):
+        t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x)
+        idx = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+        nisa.memset(idx, value=5)
+        r = nl.ndarray((128, 1), dtype=x.dtype, buffer=nl.sbuf)
+        nisa.tensor_copy(dst=r, src=t.select(1, idx))
+        out = nl.ndarray((128, 1), dtype=x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=r)
+        return out
+
+    np.testing.assert_array_equal(run(body, X), X[:, 5:6])
