@@ -20,6 +20,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from . import checks, dtypes
 from .errors import nki_error
+from .indexing import whole
 from .tensor import INDIRECT_ROWS, Tensor, _addr, _coarse_shadow, read
 
 # an indirect view -> the shape of the vector_offset tile it was made with (dma_transpose reads
@@ -77,8 +78,11 @@ def _bytes_of(owner: np.ndarray, name: str) -> np.ndarray:
 
 def _pattern(pattern, api):
     try:
-        pairs = [(int(s), int(c)) for s, c in pattern]
-    except (TypeError, ValueError):
+        pairs = [(whole(s, f"{api}'s stride"), whole(c, f"{api}'s count"))
+                 for s, c in pattern]
+    except (TypeError, ValueError) as e:
+        if getattr(e, "nki_code", None):
+            raise       # (a fractional stride: `pattern: list[list[int]]`, not truncated)
         raise nki_error("nkisim_invalid_argument", api=api,
                         why=f"pattern must be a list of [stride, count] pairs, got "
                             f"{pattern!r}") from None
@@ -89,6 +93,18 @@ def _pattern(pattern, api):
             raise nki_error("nkisim_invalid_argument", api=api,
                             why=f"strides must be >= 0 and counts >= 1, got {[s, c]}")
     return pairs
+
+
+def _merged(pairs) -> list:
+    """``pairs`` with each level whose stride is the next level's stride times its count
+    merged into that one (the same elements in the same order)."""
+    out = [list(pairs[0])]
+    for s, c in pairs[1:]:
+        if out[-1][0] == s * c and len(out) > 1:     # (never into the partition level)
+            out[-1] = [s, out[-1][1] * c]
+        else:
+            out.append([s, c])
+    return out
 
 
 def _index_value(x, api) -> int:
@@ -115,6 +131,14 @@ def access_pattern(t: Tensor, pattern, offset=0, scalar_offset=None, vector_offs
         raise nki_error("nkisim_unsupported", what=f"ap() of `{t.name}`",
                         why="tensors with block dimensions have no flat storage to address")
     pairs = _pattern(pattern, api)
+    if root.buffer != "hbm" and len(_merged(pairs)) > 5:
+        # "a view on top of that storage (a strided access pattern with up to 5 dimensions)"
+        # (NKI language guide, NkiTensor): levels that merge (stride = next stride x count)
+        # count once
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"{len(pairs)} levels, {len(_merged(pairs))} after merging "
+                            "contiguous ones: an on-chip access pattern has at most 5 "
+                            "dimensions")
     dt = dtypes.normalize(dtype) if dtype is not None else root.dtype
     sdt = dtypes.storage(dt)
     isz = sdt.itemsize

@@ -192,3 +192,27 @@ def test_a_dynamic_select_of_a_2d_tile_keeps_the_dimension_at_size_1():
         return out
 
     np.testing.assert_array_equal(run(body, X), X[:, 5:6])
+
+
+@pytest.mark.parametrize("pattern, error", [
+    ([[64, 128], [1, 2], [2, 2], [4, 2], [8, 2], [16, 4]],
+     "6 levels, 6 after merging contiguous ones: an on-chip access pattern has at most 5"),
+    ([[64, 128], [1.5, 4]], r"stride must be an integer, got 1.5"),
+])
+def test_access_patterns_the_docs_do_not_allow(pattern, error):
+    # "a strided access pattern with up to 5 dimensions" (language guide, NkiTensor);
+    # `pattern: list[list[int]]` (NkiTensor.ap stub): 1.5 was truncated to 1
+    def copy_of(r, t):
+        nisa.tensor_copy(dst=r[:, 0:64], src=t.ap(pattern))
+
+    with pytest.raises((ValueError, TypeError), match=error):
+        run(through(copy_of), X)
+
+
+def test_an_access_pattern_of_levels_that_merge_counts_them_once():
+    # [8, 2] [4, 2] [1, 4] is one level [1, 16]: 6 levels written, 4 after merging
+    def copy_of(r, t):
+        nisa.tensor_copy(dst=r, src=t.ap([[64, 128], [8, 2], [4, 2], [1, 4], [16, 2], [32, 2]]))
+
+    want = X.reshape(128, 2, 2, 16).transpose(0, 3, 2, 1).reshape(128, 64)
+    np.testing.assert_array_equal(run(through(copy_of), X), want)
