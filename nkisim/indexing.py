@@ -67,12 +67,14 @@ class IndexExpr:
     def __setitem__(self, key, value):
         raise nki_error("err_cannot_assign_to_index")
 
-    def _bin(self, other, fn, form_of=None):
+    def _bin(self, other, fn, form_of=None, nonaffine=False):
         """``fn(self, other)``; ``form_of(axis, start, step, c)`` gives the result's form from
         this one's when ``other`` is an int ``c`` (None: computed when asked)."""
         o = other.v if isinstance(other, IndexExpr) else other
         if isinstance(other, MaskExpr) or isinstance(o, float):
             raise nki_error("err_unsupported_expression_in_mask")
+        if nonaffine or isinstance(self, NonAffine) or isinstance(other, NonAffine):
+            return NonAffine(fn(self.v, o))
         form = None
         f = self._form
         if f and form_of is not None and isinstance(o, (int, np.integer)) \
@@ -88,17 +90,24 @@ class IndexExpr:
     def __sub__(self, o): return self._bin(o, np.subtract, lambda a, s, d, c: (a, s - c, d))
     def __rsub__(self, o): return self._bin(o, lambda a, b: b - a,
                                             lambda a, s, d, c: (a, c - s, -d))
-    def __mul__(self, o): return self._bin(o, np.multiply, lambda a, s, d, c: (a, s * c, d * c))
+    def __mul__(self, o): return self._bin(o, np.multiply, lambda a, s, d, c: (a, s * c, d * c),
+                                           isinstance(o, IndexExpr))
     def __rmul__(self, o): return self._bin(o, lambda a, b: b * a,
                                             lambda a, s, d, c: (a, s * c, d * c))
-    def __floordiv__(self, o): return self._bin(o, np.floor_divide)
-    def __mod__(self, o): return self._bin(o, np.mod)
+    # (`i // 2`, `i % 4` and `i * j` are not affine: NonAffine)
+    def __floordiv__(self, o): return self._bin(o, np.floor_divide, nonaffine=True)
+    def __rfloordiv__(self, o): return self._bin(o, lambda a, b: b // a, nonaffine=True)
+    def __mod__(self, o): return self._bin(o, np.mod, nonaffine=True)
+    def __rmod__(self, o): return self._bin(o, lambda a, b: b % a, nonaffine=True)
 
     def __neg__(self):
         f = self._form
         return IndexExpr(-self.v, (f[0], -f[1], -f[2]) if f else None)
 
     def _cmp(self, other, fn):
+        if isinstance(self, NonAffine) or isinstance(other, NonAffine):
+            # "mask=(i % 4) < 2  # Error: i % 2 is not an affine expression" (nki.errors)
+            raise nki_error("err_unsupported_expression_in_mask")
         o = other.v if isinstance(other, IndexExpr) else other
         return MaskExpr(fn(self.v, o))
 
@@ -118,6 +127,24 @@ class IndexExpr:
 
     def __repr__(self):
         return f"IndexExpr(shape={self.v.shape})"
+
+
+class NonAffine(IndexExpr):
+    """An index expression that is not affine in the aranges (``i // 2``, ``i % 4``, ``i *
+    j``): "Index represents the result of the affine expression" (Beta 1 programming model);
+    a mask of one is err_unsupported_expression_in_mask (whose doc example is ``(i % 4) < 2``),
+    an index of one is refused by ``normalize_key``."""
+
+    __slots__ = ()
+
+    def __getitem__(self, key):
+        return NonAffine(self.v[key])
+
+    def __neg__(self):
+        return NonAffine(-self.v)
+
+    def form(self):
+        return False
 
 
 def _affine_form(v):
@@ -435,6 +462,13 @@ def normalize_key(key, shape, name, oob=None, negative=False):
         elif isinstance(k, IndexExpr):
             if k.ndim == 1 and not isinstance(k, _SliceGrid):
                 raise nki_error("err_1d_arange_not_supported", name=name)
+            if type(k) is NonAffine:
+                raise nki_error("nkisim_invalid_argument", api=f"indexing `{name}`",
+                                why=f"the index of dimension {dim} is not affine in the "
+                                    "aranges (`//`, `%`, or a product of two index "
+                                    "expressions): \"Index represents the result of the "
+                                    "affine expression\" (programming model); index with "
+                                    "`a * i + b` forms, or reshape the tensor")
             v = k.v
             if v.size:
                 lo, hi = k.bounds()

@@ -343,7 +343,6 @@ def test_rectangular_index_expressions_select_what_slices_select(make, want):
 @pytest.mark.parametrize("make", [
     lambda i: (i.x, i.p),                         # transposing: partition index on axis 1
     lambda i: (i.p, i.p),                         # diagonal
-    lambda i: (i.p, i.x * i.x // 8),              # not an arithmetic progression
     lambda i: (i.p + i.x, i.x),                   # skewed
     lambda i: (nl.arange(8)[:, None], 5 + 0 * nl.arange(12)[None, :]),
 ])
@@ -437,3 +436,23 @@ def test_an_index_tile_of_two_columns_is_named_in_a_one_line_error():
         return out
 
     np.testing.assert_array_equal(nki.simulate_kernel(column, a, idx), a[idx[:, 1]])
+
+
+@pytest.mark.parametrize("make", [lambda i: (i.p, i.x // 2), lambda i: (i.p, i.x % 4),
+                                  lambda i: (i.p, (i.p * i.x) % 16),
+                                  lambda i: (i.p, 2 // (i.x + 1))])
+def test_an_index_that_is_not_affine_is_an_error(make):
+    # "Index represents the result of the affine expression" (Beta 1 programming model);
+    # nkisim used to gather NumPy's answer
+    from nkisim.indexing import normalize_key
+    with pytest.raises(ValueError, match="index of dimension 1 is not affine in the aranges"):
+        normalize_key(make(nl.mgrid[0:8, 0:12]), (32, 32), "a")
+
+
+def test_a_mask_that_is_not_affine_is_the_nki_error():
+    # nki.errors, err_unsupported_expression_in_mask: "mask=(i % 4) < 2  # Error: i % 2 is
+    # not an affine expression"
+    i = nl.arange(8)[None, :]
+    with pytest.raises(ValueError, match="NKI mask expressions must be affine"):
+        _ = (i % 4) < 2
+    assert ((i * 2 + 1) < 5).v.sum() == 2          # (an affine one is a mask)
