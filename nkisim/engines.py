@@ -302,6 +302,9 @@ def tensor_copy(src, *, mask=None, dtype=None, engine=engine.unknown, **kwargs):
 # ---------------------------------------------------------------------------------------------
 # element-wise
 
+_TRN2_SCALAR_PAIRS = {("multiply", "add"), ("multiply", None), ("add", None)}
+
+
 @into_target
 def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
                   *, dtype=None, mask=None, engine=engine.unknown, **kwargs):
@@ -332,6 +335,14 @@ def tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, 
                             "NeuronCore-v3 (\"Add and Multiply are supported on Scalar Engine "
                             "only from NeuronCore-v3\"): on trn1 use nisa.activation(op=nl.copy, "
                             "data=..., bias=..., scale=...) or the Vector Engine")
+    if eng == SCALAR and run.arch.nc_version == 3 and (n0, n1) not in _TRN2_SCALAR_PAIRS:
+        # "The Scalar Engine on trn2 only supports a subset of the operator combination:
+        # op0=np.multiply and op1=np.add, op0=np.multiply and op1=None, op0=add and op1=None"
+        # (tensor_scalar docstring, Beta 1 2.26 and 0.7 alike)
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"the Scalar Engine on trn2 does not run op0={n0}, op1={n1}: "
+                            "it supports (multiply, add), (multiply, None) and (add, None) "
+                            "only; use the Vector Engine (the default)")
     shape = _tile_shape(x)
     v = read(x, api, run).reshape(shape)
     v = v if bitvec else dtypes.to_f32(v)

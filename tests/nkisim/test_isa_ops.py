@@ -726,3 +726,30 @@ def test_reciprocal():
     a = rand((16, 16), np.float32, 0.5, 4)
     np.testing.assert_array_equal(run_tiles(lambda t: nisa.reciprocal(t), a),
                                   np.float32(1) / a)
+
+
+@pytest.mark.parametrize("ops, ok", [(("multiply", "add"), True), (("multiply", None), True),
+                                     (("add", None), True), (("subtract", "maximum"), False),
+                                     (("maximum", None), False)])
+def test_the_trn2_scalar_engine_runs_three_tensor_scalar_op_pairs(ops, ok):
+    # "The Scalar Engine on trn2 only supports a subset of the operator combination: op0=
+    # np.multiply and op1=np.add, op0=np.multiply and op1=None, op0=add and op1=None"
+    # (tensor_scalar docstring, 2.26); the current dialect's face has the same rule
+    a = rand((128, 64))
+    op0, op1 = (getattr(nl, o) if o else None for o in ops)
+
+    @nki.jit
+    def k(a):
+        out = hbm_out(a.shape)
+        nl.store(out, nisa.tensor_scalar(nl.load(a), op0, 2.0, op1=op1,
+                                         operand1=None if op1 is None else 0.5,
+                                         engine=nisa.scalar_engine))
+        return out
+
+    if ok:
+        want = (a * 2 if ops[0] == "multiply" else a + 2) + (0.5 if ops[1] else 0)
+        np.testing.assert_allclose(nki.simulate_kernel(k, a), want, rtol=1e-6)
+    else:
+        with pytest.raises(ValueError, match=r"the Scalar Engine on trn2 does not run "
+                                             rf"op0={ops[0]}, op1={ops[1]}"):
+            nki.simulate_kernel(k, a)

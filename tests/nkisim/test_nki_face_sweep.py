@@ -216,3 +216,4 @@ def test_an_access_pattern_of_levels_that_merge_counts_them_once():
 
     want = X.reshape(128, 2, 2, 16).transpose(0, 3, 2, 1).reshape(128, 64)
     np.testing.assert_array_equal(run(through(copy_of), X), want)
+
