@@ -86,6 +86,14 @@ def _run(args) -> int:
         print(f"nkisim run: {script} needs the Python package `{missing}`{where}, which is "
               f"not installed here: pip install {missing}", file=sys.stderr)
         return 1
+    except SyntaxError as e:
+        from .errors import _PKG_DIR
+        if os.environ.get("NKISIM_FULL_TRACEBACK") or (e.filename or "").startswith(_PKG_DIR):
+            raise
+        # the user's script does not parse: Python's own message (file, line, caret), not a
+        # traceback through runpy and this module
+        print("".join(traceback.format_exception_only(type(e), e)), end="", file=sys.stderr)
+        return 1
     except Exception as e:
         if getattr(e, "nki_code", None) is None or os.environ.get("NKISIM_FULL_TRACEBACK"):
             raise
@@ -139,12 +147,15 @@ def main(argv=None) -> int:
     r.add_argument("--strict", action="store_true",
                    help="documented NKI rules the device tolerates are errors (NKISIM_STRICT=1)")
     r.add_argument("--force", action="store_true", help="use nkisim even if neuronx-cc exists")
-    r.add_argument("script")
+    r.add_argument("script", nargs="?")
     r.add_argument("args", nargs=argparse.REMAINDER)
     r.set_defaults(fn=_run)
     i = sub.add_parser("info", help="show targets, shim state and checks")
     i.set_defaults(fn=_info)
     args = p.parse_args(argv)
+    if args.cmd == "run" and args.script is None:
+        # (argparse would also name `args`, which is optional)
+        r.error("the following arguments are required: script")
     try:
         _validate_env(args)
     except _UsageError as exc:

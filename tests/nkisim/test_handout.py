@@ -309,6 +309,23 @@ def test_nkisim_run_names_a_package_the_script_lacks_in_one_line(tmp_path):
         "no_such_pkg_xyz"]
 
 
+def test_nkisim_run_of_a_script_that_does_not_parse_is_pythons_message_only(tmp_path):
+    r = _nkisim_run(tmp_path, "import numpy as np\nx = (1,\n")
+    assert r.returncode == 1
+    lines = r.stderr.splitlines()
+    assert lines[0] == f'  File "{tmp_path / "run_benchmark.py"}", line 2', r.stderr
+    assert lines[-1] == "SyntaxError: '(' was never closed"
+    assert "Traceback" not in r.stderr and "runpy" not in r.stderr and "cli.py" not in r.stderr
+
+
+def test_nkisim_run_without_a_script_names_only_the_script():
+    r = subprocess.run([sys.executable, "-m", "nkisim.cli", "run"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip() == ("nkisim run: error: the following arguments are required: "
+                                "script (see nkisim run -h)")
+
+
 def test_nkisim_info_into_a_closed_pipe_says_nothing_more():
     # `nkisim info | head -1`: the reader leaves; no BrokenPipeError traceback
     r, w = os.pipe()
