@@ -1393,6 +1393,8 @@ def nc_transpose(data, *, mask=None, dtype=None, engine=engine.unknown, _api=Non
         v = _kept(run, x, a, "transpose", lambda: np.ascontiguousarray(a.reshape(P, F).T))
     if v is None:
         v = a.reshape(P, F).T
+    if eng == TENSOR and run.arch.nc_version == 2 and dtypes.floating(a.dtype):
+        v = _pe_transpose_nonfinite(a.reshape(P, F), v)
     detail = _detail(x)
     # the PE transpose is nc_matmul(stationary=data (P, F), moving=identity (P, P)): contraction
     # K = P, stationary free M = F, moving free N = P, result (M, N) = (F, P) (ref §1.10, §3.3)
@@ -1401,6 +1403,22 @@ def nc_transpose(data, *, mask=None, dtype=None, engine=engine.unknown, _api=Non
     buf = nl.psum if eng == TENSOR else nl.sbuf
     return result_tile(run, (F, P), dtype or x.dtype, v, api, eng, (x,), detail, buffer=buf,
                        mask=_mask(mask, (F, P)))
+
+
+def _pe_transpose_nonfinite(a, v):
+    """NeuronCore-v2's Tensor Engine transpose of ``a`` (P, F), whose plain transpose is ``v``:
+    a matmul with an identity moving tile, ``out[f, q] = sum_p a[p, f] * I[p, q]``, so an inf
+    or NaN of column f meets the zeros of every other q: ``inf * 0`` is NaN along row f of the
+    result ("On NC-v2 the TensorE transpose is not bit-accurate for NaN/Inf", reference
+    §1.10; §4.3: "NC-v2 TensorE transpose NaN/Inf spreading"; NC-v3's transpose mode is
+    bit-accurate). ``v`` itself when every value is finite (one pass)."""
+    f32 = dtypes.to_f32(a)
+    bad = ~np.isfinite(f32)
+    if not bad.any():
+        return v
+    others = bad.sum(axis=0, keepdims=True) - bad      # non-finite values at other p
+    out = np.where(others > 0, np.float32(np.nan), f32).T
+    return out.astype(a.dtype) if a.dtype != np.float32 else out
 
 
 def _unsupported(name):

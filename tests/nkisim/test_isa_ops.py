@@ -753,3 +753,29 @@ def test_the_trn2_scalar_engine_runs_three_tensor_scalar_op_pairs(ops, ok):
         with pytest.raises(ValueError, match=r"the Scalar Engine on trn2 does not run "
                                              rf"op0={ops[0]}, op1={ops[1]}"):
             nki.simulate_kernel(k, a)
+
+
+@pytest.mark.parametrize("target", ["trn1", "trn2"])
+def test_a_trn1_tensor_engine_transpose_spreads_inf_and_nan_along_rows(target, monkeypatch):
+    # the PE transpose is a matmul with an identity moving tile: on NeuronCore-v2 an inf or NaN
+    # in column f of the input meets the zeros (inf * 0 = NaN) along row f of the result
+    # ("On NC-v2 the TensorE transpose is not bit-accurate for NaN/Inf", reference §1.10);
+    # trn2's transpose mode is bit-accurate
+    monkeypatch.setenv("NKISIM_TARGET", target)
+    a = rand((128, 64))
+    a[5, 3] = np.inf
+    a[9, 7] = np.nan
+
+    @nki.jit
+    def k(a):
+        out = hbm_out((64, 128))
+        nl.store(out, nl.copy(nisa.nc_transpose(nl.load(a), engine=nisa.tensor_engine)))
+        return out
+
+    got = nki.simulate_kernel(k, a)
+    want = a.T.copy()
+    if target == "trn1":
+        want[3, :] = np.nan
+        want[3, 5] = np.inf              # (its own diagonal term: inf * 1 + 0s)
+        want[7, :] = np.nan
+    np.testing.assert_array_equal(got, want)
