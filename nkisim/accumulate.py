@@ -354,6 +354,7 @@ def activate2(dst, op, data, imm0, imm1, op0, op1, relu_param=0.0, reverse0=Fals
         out = np.where(v >= 0, v, alpha * v).astype(np.float32)
         tiles += [ta] if ta is not None else []
     else:
+        nl.activation_range(run, fname, v)
         out = np.asarray(nl.apply_unary(fname, v), np.float32)
     key = ("scalar", P)
     rname = None

@@ -671,6 +671,9 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
         raise nki_error("err_bias_tensor_must_be_specified_in_allocation")
     shape = _tile_shape(x)
     out = None
+    if fname in nl._ACT_RANGE:
+        pre = v * sv if bv is None else v * sv + bv
+        nl.activation_range(run, fname, pre, _mask(mask, pre.shape))
     if run.into is not None and mask is None and reduce_res is None and \
             fname in nl.INPLACE_UNARY and v.shape == shape:
         # `t[...] = activation(...)` / dst=: computed straight into the destination (the same

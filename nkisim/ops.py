@@ -1342,6 +1342,40 @@ def apply_unary(name, x):
         return _UNARY_FN[name](x)
 
 
+# The Scalar Engine's activation functions are "piecewise-polynomial approximations" whose
+# output outside a documented input range is invalid (Beta 1 activation function table,
+# nki.api.shared.rst tbl-act-func, reference §1.10): (lo, hi) of the input, of |x| for
+# reciprocal. Every other function of the table takes [-inf, inf].
+_ACT_RANGE = {"log": (2.0 ** -64, 2.0 ** 64), "sin": (-np.pi, np.pi),
+              "arctan": (-np.pi / 2, np.pi / 2), "sqrt": (2.0 ** -116, 2.0 ** 118),
+              "rsqrt": (2.0 ** -87, 2.0 ** 97), "reciprocal": (2.0 ** -42, 2.0 ** 42)}
+_RANGE_TEXT = {"log": "[2^-64, 2^64]", "sin": "[-pi, pi]", "arctan": "[-pi/2, pi/2]",
+               "sqrt": "[2^-116, 2^118]", "rsqrt": "[2^-87, 2^97]",
+               "reciprocal": "+-[2^-42, 2^42]"}
+
+
+def activation_range(run, name, x, where=None) -> None:
+    """A suspicious-pattern warning when inputs ``x`` (fp32, the function's own input: after
+    scale and bias) of the Scalar Engine function ``name`` fall outside its documented range;
+    ``where``: the elements the instruction's mask keeps. nkisim computes NumPy's value there;
+    the device's is invalid."""
+    r = _ACT_RANGE.get(name)
+    if r is None:
+        return
+    lo, hi = r
+    a = np.abs(x) if name == "reciprocal" else x
+    bad = (a < lo) | (a > hi)
+    if where is not None:
+        bad &= np.broadcast_to(where, bad.shape)
+    n = int(np.count_nonzero(bad))
+    if n:
+        run.warn(("activation_range", name),
+                 f"{name} on the Scalar Engine gets {n} of {bad.size} inputs outside its "
+                 f"documented valid range {_RANGE_TEXT[name]} (e.g. {float(x[bad][0]):.6g}): "
+                 "the engine's piecewise-polynomial approximation gives invalid output there "
+                 "(activation function table); nkisim computes NumPy's value")
+
+
 # the activation functions that are one NumPy ufunc of their fp32 input (or none: copy), which
 # apply_unary_into computes in place
 INPLACE_UNARY = frozenset(["copy", "identity"] + [
@@ -1373,6 +1407,8 @@ def _unary(name, x, dtype, mask):
             # tile in allocated kernels: use nisa.activation(..., bias=...) (ref §2.1)
             raise nki_error("err_bias_tensor_must_be_specified_in_allocation")
         v = _tile_vals(t, name, run)
+        if name in _ACT_RANGE:
+            activation_range(run, name, v, _mask(mask, v.shape))
         out = apply_unary(name, v)
         engine = SCALAR
     shape = _tile_shape(t)

@@ -779,3 +779,31 @@ def test_a_trn1_tensor_engine_transpose_spreads_inf_and_nan_along_rows(target, m
         want[3, 5] = np.inf              # (its own diagonal term: inf * 1 + 0s)
         want[7, :] = np.nan
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("fn, lo, hi, bad", [
+    ("sin", -3.0, 3.0, 4.0), ("arctan", -1.5, 1.5, 2.0), ("log", 1e-3, 1e3, 1e-25),
+    ("rsqrt", 1e-3, 1e3, 1e-30), ("reciprocal", -1e3, 1e3, 1e-15)])
+def test_scalar_engine_inputs_outside_the_documented_range_are_a_warning(fn, lo, hi, bad):
+    # Beta 1 activation function table: "piecewise-polynomial approximations", log valid on
+    # [2^-64, 2^64], sin on [-pi, pi], arctan on [-pi/2, pi/2], rsqrt on [2^-87, 2^97],
+    # reciprocal on +-[2^-42, 2^42]: the device's output outside is invalid
+    a = np.random.default_rng(1).uniform(lo, hi, (128, 64)).astype(np.float32)
+    a[a == 0] = lo
+
+    def run(a):
+        @nki.jit
+        def k(a):
+            out = hbm_out(a.shape)
+            nl.store(out, nisa.activation(getattr(nl, fn), nl.load(a)))
+            return out
+        return nki.simulate_kernel(k, a)
+
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run(a)                                              # within the range: quiet
+    a[7, 9] = bad
+    with pytest.warns(UserWarning, match=rf"{fn} on the Scalar Engine gets 1 of 8192 inputs "
+                                         "outside its documented valid range"):
+        run(a)
