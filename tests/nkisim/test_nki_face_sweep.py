@@ -217,3 +217,20 @@ def test_an_access_pattern_of_levels_that_merge_counts_them_once():
     want = X.reshape(128, 2, 2, 16).transpose(0, 3, 2, 1).reshape(128, 64)
     np.testing.assert_array_equal(run(through(copy_of), X), want)
 
+
+
+@pytest.mark.parametrize("pick", [lambda h, idx: h.select(0, idx),
+                                  lambda h, idx: h.vector_select(0, idx)])
+def test_an_offset_tile_never_written_is_the_uninitialized_read(pick):
+    # the 0.6 select docstring's idx tile is filled before use; a never-written one held the
+    # integer placeholder 4, silently selecting row 4 (or out of bound with 4 rows)
+    def body(h):
+        idx = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)
+        out = nl.ndarray((1, 128, 8) if "vector" in repr(pick.__code__.co_names) else (128, 8),
+                         nl.float32, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=pick(h, idx))
+        return out
+
+    with pytest.raises(ValueError, match=r"read of uninitialized memory: 'h\.\w*select' .* "
+                                         r"reads `idx\[0:1, 0:1\]`"):
+        run(body, H[:6])
