@@ -907,6 +907,11 @@ def copy(src, *rest, mask=NO_MASK, dtype=None, buffer=None, **kwargs):
     # nki 0.3-0.5: the result is in the source's buffer (ScalarE activation(copy)); Beta 1 and
     # nki 0.6+: always SBUF (spec nki-current.md §2.3)
     buf = buffer or (psum if run.rules.copy_same_buffer and x.root.buffer == "psum" else sbuf)
+    if run.rules.copy_same_buffer and dtypes.is_int(x.dtype):
+        # ... and its values pass through fp32: "casts through FP32, which may be lossy for
+        # integer types with values exceeding FP32 precision" (0.3 nl.copy docstring); 0.6.0's
+        # Vector Engine copy is bit-exact
+        vals = dtypes.to_f32(vals)
     return result_tile(run, x.shape, dtype or x.dtype, vals, "tensor_copy", VECTOR, (x,),
                        d, buffer=buf, mask=_mask(mask, x.shape))
 

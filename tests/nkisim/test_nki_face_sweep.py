@@ -234,3 +234,23 @@ def test_an_offset_tile_never_written_is_the_uninitialized_read(pick):
     with pytest.raises(ValueError, match=r"read of uninitialized memory: 'h\.\w*select' .* "
                                          r"reads `idx\[0:1, 0:1\]`"):
         run(body, H[:6])
+
+
+@pytest.mark.parametrize("version, exact", [("0.3", False), ("0.5", False), ("0.6", True),
+                                            ("0.7", True)])
+def test_nl_copy_of_int32_passes_through_fp32_before_0_6(version, exact, monkeypatch):
+    # 0.3 nl.copy: "Uses the Scalar Engine via activation(op=copy) ... casts through FP32,
+    # which may be lossy for integer types"; 0.6.0: Vector Engine, bit-exact (spec §2.3)
+    monkeypatch.setenv("NKISIM_NKI_VERSION", version)
+    a = np.array([[16777217, 1073741827, 7, 123456789]], np.int32)
+
+    def body(x):
+        t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x)
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=nl.copy(t))
+        return out
+
+    want = a if exact else a.astype(np.float32).astype(np.int32)
+    np.testing.assert_array_equal(run(body, a), want)
+    assert exact or not np.array_equal(want, a)
