@@ -120,6 +120,30 @@ def carried_names(code, line) -> tuple:
     return table.get(line, ((), "", {}))
 
 
+_FOR_LINES: dict = {}   # code object -> the lines of its `for` statements' headers
+
+
+def for_statement(code, line) -> bool:
+    """Is ``line`` of ``code`` in the header of a ``for`` statement (not a comprehension, nor a
+    call such as ``list(range(n))``)? False when the source is not available."""
+    lines = _FOR_LINES.get(code)
+    if lines is None:
+        lines = set()
+        try:
+            src, first = inspect.getsourcelines(code)
+            tree = ast.parse(textwrap.dedent("".join(src)))
+        except (OSError, TypeError, SyntaxError, IndentationError):
+            tree, first = None, 1
+        fn = tree.body[0] if tree is not None and tree.body else None
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            offset = (first or 1) - 1
+            for node in _own_nodes(fn.body):
+                if isinstance(node, ast.For):
+                    lines.update(range(node.lineno + offset, node.iter.end_lineno + offset + 1))
+        _FOR_LINES[code] = lines
+    return line in lines
+
+
 def _loop_table(code) -> dict:
     try:
         lines, first = inspect.getsourcelines(code)

@@ -374,7 +374,7 @@ class LoopIndex(int):
     __hash__ = int.__hash__
 
 
-def _loop(kind, args, make_index, api=None):
+def _loop(kind, args, make_index, api=None, watch=None):
     """The generator behind ``nl.*_range``: one activation (a ``context.Loop``), a new epoch
     per iteration (the race checks compare epochs), the tiles of an iteration out of scope
     when the next starts. Per activation and per iteration it does only attribute updates
@@ -412,7 +412,7 @@ def _loop(kind, args, make_index, api=None):
     # Beta 1 traces the body once (frontend.carried_names): watch the Python numbers its
     # source carries from one iteration to the next, if any
     carried = frontend.carried_names(f.f_code, f.f_lineno) if (
-        make_index is LoopIndex and f is not None) else None
+        (make_index is LoopIndex if watch is None else watch) and f is not None) else None
     if carried is not None and not carried[0]:
         carried = None                 # (nothing to watch: one test per iteration)
     seen = None
@@ -505,18 +505,15 @@ class TracedRange:
         self.r = builtins.range(*args)
 
     def __iter__(self):
-        f = sys._getframe(1)        # (the kernel's frame, at its `for` statement)
-        carried = frontend.carried_names(f.f_code, f.f_lineno) if f is not None else None
-        if not carried or not carried[0] or context.maybe_current() is None:
+        if context.maybe_current() is None:
             return iter(self.r)
-        return self._watched(f, carried)
-
-    def _watched(self, f, carried):
-        loop = _Loop(0, "range", f.f_code.co_filename, f.f_lineno)
-        seen = None
-        for i in self.r:
-            seen = _carried_values(loop, f, carried, seen, i, "range")
-            yield i
+        f = sys._getframe(1)        # (the kernel's frame, at its `for` statement)
+        if f is None or not frontend.for_statement(f.f_code, f.f_lineno):
+            return iter(self.r)     # (a comprehension, `list(range(n))`: Python's own)
+        # a sequential loop of Python ints (its tiles go out of scope after it, as
+        # nl.sequential_range's do: err_local_variable_used_out_of_scope), watched as one
+        r = self.r
+        return _loop("sequential", (r.start, r.stop, r.step), int, api="range", watch=True)
 
     def __len__(self):
         return len(self.r)

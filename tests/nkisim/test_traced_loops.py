@@ -300,3 +300,30 @@ def test_a_counter_beside_a_branch_is_still_carried():
 
     with pytest.raises(ValueError, match="`off` changes from one iteration"):
         run(body, A, B)
+
+
+def test_a_tile_of_a_python_range_loop_is_out_of_scope_after_it():
+    # "any use of Python range(...) will be replaced with sequential_range(...)" and "Tensors
+    # defined inside an if/for block cannot be used outside it" (reference §1.9): as for
+    # nl.sequential_range, `acc = nl.add(acc, x)` does not accumulate on the device
+    def body(a, b):
+        out = nl.ndarray((128, 8), dtype=a.dtype, buffer=nl.shared_hbm)
+        acc = nl.zeros((128, 8), dtype=nl.float32, buffer=nl.sbuf)
+        for i in range(8):
+            acc = nl.add(acc, nl.load(a[i * 128:(i + 1) * 128].reshape((128, 1))))
+        nl.store(out, acc)
+        return out
+
+    with pytest.raises(Exception) as ei:
+        run(body, A, B)
+    assert ei.value.nki_code == "err_local_variable_used_out_of_scope"
+
+    def comprehension(a, b):                      # Python's own iteration: no loop
+        out = nl.ndarray((1024,), dtype=a.dtype, buffer=nl.shared_hbm)
+        parts = [nl.load(a[m * 128:(m + 1) * 128]) for m in range(8)]
+        for m in list(range(8)):
+            nl.store(out[m * 128:(m + 1) * 128], nl.add(parts[m], nl.load(b[m * 128:
+                                                                           (m + 1) * 128])))
+        return out
+
+    np.testing.assert_array_equal(run(comprehension, A, B), A + B)
