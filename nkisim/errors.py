@@ -210,6 +210,13 @@ ERRORS: dict[str, tuple[type[Exception], str]] = {
         "range(8)` will print 1\", NKI migration guide), so on the device `{name}` after the "
         "loop holds its value after one iteration; compute it from the loop bounds (e.g. "
         "`n = len(range(...))`), or unroll the loop with nl.static_range"),
+    # ... and a Python list the body grows (`parts.append(t)`) and the code after the loop reads
+    "nkisim_python_list_in_loop": (
+        ValueError, "Python list `{name}` grows from one iteration of the `{var}` loop ({kind} "
+        "at {where}) to the next ({before} items, then {after}) and is read after the loop: "
+        "the NKI Beta 1 front end runs a loop body once, so on the device `{name}` gets the "
+        "body's items once, not once per iteration; keep the results in one tile indexed by "
+        "the loop variable (e.g. `buf[:, {var}, :]`), or unroll the loop with nl.static_range"),
     "nkisim_unsupported": (NotImplementedError, "{what} is not supported by nkisim: {why}"),
     # a documented rule the device tolerates, made an error by strict mode (see NKIRuleWarning)
     "nkisim_strict_rule": (

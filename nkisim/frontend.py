@@ -186,14 +186,25 @@ def _own_nodes(stmts):
 AFTER = "after"
 
 
+# ... of a list the body grows (``parts.append(t)``) and the code after the loop reads: on the
+# device it holds one item per loop, not one per iteration
+GROWN = "grown"
+_GROW = {"append", "extend", "insert"}
+
+
 def _carried(loop, after=frozenset()) -> tuple:
     """``after``: the names the function reads (other than to report them) after the loop."""
     exposed, stored, used = set(), set(), {}
     _scan(loop.body, set(_targets(loop.target)), exposed, stored, used)
-    names = tuple(sorted(exposed & stored & (set(used) | set(after))))
+    names = exposed & stored & (set(used) | set(after))
     picks = {n: AFTER if n not in used else None if None in used[n] else frozenset(used[n])
              for n in names}
-    return names, picks
+    grown = {n.func.value.id for n in _own_nodes(loop.body)
+             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and
+             n.func.attr in _GROW and isinstance(n.func.value, ast.Name)}
+    for n in (grown & set(after)) - stored:
+        picks[n] = GROWN
+    return tuple(sorted(picks)), picks
 
 
 def _uses(stmts) -> list:

@@ -457,6 +457,14 @@ def _carried_values(loop, frame, carried, seen, i, api) -> dict:
     now = {}
     for name in names:
         v = local.get(name)
+        if picks.get(name) is frontend.GROWN:
+            if isinstance(v, list):
+                now[name] = len(v)
+                if seen is not None and name in seen and seen[name] != len(v):
+                    raise nki_error("nkisim_python_list_in_loop", name=name, var=var or "?",
+                                    kind=api, where=f"{os.path.basename(loop.file)}:"
+                                    f"{loop.line}", before=seen[name], after=len(v))
+            continue
         if isinstance(v, LoopIndex):
             v = int(v)                  # (a loop index's value, compared without a warning)
         if isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):

@@ -327,3 +327,32 @@ def test_a_tile_of_a_python_range_loop_is_out_of_scope_after_it():
         return out
 
     np.testing.assert_array_equal(run(comprehension, A, B), A + B)
+
+
+@pytest.mark.parametrize("loop", ["affine_range", "range"])
+def test_a_list_the_body_grows_and_the_code_after_reads_is_an_error(loop):
+    # traced once: on the device `parts` gets one item, and parts[1] fails at trace time
+    def body(a, b):
+        out = nl.ndarray((128, 8), dtype=a.dtype, buffer=nl.shared_hbm)
+        buf = nl.ndarray((128, 8, 8), dtype=a.dtype, buffer=nl.sbuf)
+        parts = []
+        for i in getattr(nl, loop, range)(8):
+            buf[:, i, :] = nl.full((128, 8), 1.0, dtype=nl.float32)
+            parts.append(buf[:, i, :])
+        nl.store(out, nl.add(parts[0], parts[1]))
+        return out
+
+    with pytest.raises(ValueError, match=r"Python list `parts` grows from one iteration of the "
+                                         r"`i` loop .* and is read after the loop"):
+        run(body, A, B)
+
+    def fine(a, b):                               # grown and read in the same iteration
+        out = nl.ndarray((1024,), dtype=a.dtype, buffer=nl.shared_hbm)
+        for m in getattr(nl, loop, range)(8):
+            parts = []
+            parts.append(nl.load(a[m * 128:(m + 1) * 128]))
+            nl.store(out[m * 128:(m + 1) * 128], nl.add(parts[0],
+                                                        nl.load(b[m * 128:(m + 1) * 128])))
+        return out
+
+    np.testing.assert_array_equal(run(fine, A, B), A + B)
