@@ -356,3 +356,40 @@ def test_a_list_the_body_grows_and_the_code_after_reads_is_an_error(loop):
         return out
 
     np.testing.assert_array_equal(run(fine, A, B), A + B)
+
+
+@pytest.mark.parametrize("tail", ["min", "if"])
+def test_control_flow_on_a_value_computed_from_the_loop_variable_is_a_warning(tail):
+    # `m * 128` is symbolic on the device as `m` is: a tail handled per iteration with min()
+    # or an `if` on it is the same traced-once trap as `if m == last:`
+    n = 300
+
+    def body(a, b):
+        out = nl.ndarray((n,), dtype=a.dtype, buffer=nl.shared_hbm)
+        for m in nl.affine_range(3):
+            if tail == "min":
+                rows = min(128, n - m * 128)
+            else:
+                rows = 128
+                if (m + 1) * 128 > n:
+                    rows = n - m * 128
+            nl.store(out[m * 128:m * 128 + rows], nl.add(nl.load(a[m * 128:m * 128 + rows]),
+                                                          nl.load(b[m * 128:m * 128 + rows])))
+        return out
+
+    with pytest.raises(NKIWarning, match="Python control flow on an nl.\\*_range loop variable"):
+        run(body, A[:n], B[:n])
+
+
+def test_a_mask_computed_from_the_loop_variable_is_no_control_flow():
+    # AWS's reference/allocated_fused_linear.py: `mask=(i * 128 < n)`, and combined with an
+    # index mask by `&`
+    def body(a, b):
+        out = nl.ndarray((4, 128), dtype=a.dtype, buffer=nl.shared_hbm)
+        i_f = nl.arange(128)[None, :]
+        for i in nl.affine_range(4):
+            x = nl.load(a[i * 128 + i_f])
+            nl.store(out[i, i_f], x, mask=(i * 128 < 512) & (i_f < 128))
+        return out
+
+    np.testing.assert_array_equal(run(body, A[:512], B), A[:512].reshape(4, 128))
