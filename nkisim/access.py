@@ -356,7 +356,11 @@ def vector_select(t: Tensor, dim: int, vector_offset) -> Tensor:
     if dim != 0:
         raise nki_error("nkisim_unsupported", what="vector_select on a dimension other than 0",
                         why="the indirect DMA indexes rows (nki-library TensorView: 'dim=0')")
-    if t.root.buffer != "hbm" or t._idx is not None or t._arr is None:
+    if t.root.buffer != "hbm":
+        raise nki_error("nkisim_invalid_argument", api=api,
+                        why=f"`{t.name}` is an {t.root.buffer.upper()} tensor: vector_select "
+                            "is \"only supported on HBM tensors\" (NkiTensor.vector_select)")
+    if t._idx is not None or t._arr is None:
         raise nki_error("nkisim_unsupported", what=f"vector_select of `{t.name}`",
                         why="nkisim gathers/scatters rows of plain HBM views only")
     if not isinstance(vector_offset, Tensor):

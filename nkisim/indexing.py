@@ -540,8 +540,12 @@ def normalize_key(key, shape, name, oob=None, negative=False):
                                 lo=k, hi=k, size=size)
             out.append(k)
         elif k is None:
+            from . import context
+            run = context.maybe_current()
             raise nki_error("nkisim_unsupported", what="`None` (newaxis) in a tensor index",
-                            why="use nl.arange(...)[:, None] index expressions")
+                            why="use .expand_dim(d) or .reshape(...) (nl.arange was removed "
+                                "in NKI 0.2.0)" if run is not None and run.rules.dialect !=
+                                "beta1" else "use nl.arange(...)[:, None] index expressions")
         elif isinstance(k, MaskExpr):
             # Beta 1's "operand masking" of matmul inputs indexes with the predicate alone,
             # `lhs_T[i_f <= 64]` (nki.api.shared.rst; nkisim.tensor.operand_masked)

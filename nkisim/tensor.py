@@ -824,6 +824,10 @@ class Tensor:
         dim = self._dim(dim, "reshape_dim")
         shape = tuple(int(s) for s in shape)
         n = self.shape[dim]
+        if shape.count(-1) > 1:
+            raise nki_error("nkisim_invalid_argument", api="reshape_dim",
+                            why=f"{list(shape)} has {shape.count(-1)} -1 entries; \"one "
+                                "element of shape may be -1\"")
         if -1 in shape:
             known = math.prod(s for s in shape if s != -1)
             shape = tuple(n // known if s == -1 else s for s in shape)
@@ -1449,8 +1453,13 @@ def _view_reshape(a: np.ndarray, shape) -> np.ndarray:
     try:
         return reshape_nocopy(a, shape)
     except (AttributeError, ValueError):
-        raise nki_error("nkisim_unsupported", what="a reshape of this strided view",
-                        why="it would need a copy; reshape a contiguous view") from None
+        # (only a merge of dimensions can need a copy: of a permuted or strided view)
+        raise nki_error("nkisim_invalid_argument", api="reshape",
+                        why=f"merging dimensions of a {list(a.shape)} view that are not "
+                            "contiguous in memory would need a copy: \"the dimensions must "
+                            "already be contiguous in memory (no permute ...)\" (flatten_dims "
+                            "docs; views never copy); copy the data into a tile of the shape "
+                            "first") from None
 
 
 def _coarse_shadow(t: Tensor) -> None:
@@ -1516,7 +1525,8 @@ def _derive_indexed(t: Tensor, api: str, fn) -> Tensor:
             raise nki_error("nkisim_invalid_argument", api=f"{api} of `{t.name}`",
                             why="the dimension that participates in the indirection (dim 0 of "
                                 "a vector_select) cannot be further sliced, selected or moved")
-    idx = tuple(fn(np.broadcast_to(a, shape)) for a in t._idx)
+    # (the index arrays, compact: a reshape of them may need a copy, a view's never does)
+    idx = tuple(fn(np.ascontiguousarray(np.broadcast_to(a, shape))) for a in t._idx)
     new = idx[0].shape if idx else ()
     v = Tensor(t._arr, t._ws, t.root, t.dtype, new, t.paxis if len(new) else None, idx, t._off)
     if rows:

@@ -254,3 +254,26 @@ def test_nl_copy_of_int32_passes_through_fp32_before_0_6(version, exact, monkeyp
     want = a if exact else a.astype(np.float32).astype(np.int32)
     np.testing.assert_array_equal(run(body, a), want)
     assert exact or not np.array_equal(want, a)
+
+
+@pytest.mark.parametrize("view, error, message", [
+    (lambda t, i: t[:, None], NotImplementedError, r"use \.expand_dim\(d\) or \.reshape"),
+    (lambda t, i: t.reshape((128, 8, 8)).permute((0, 2, 1)).flatten_dims(1, 2), ValueError,
+     "the dimensions must already be contiguous in memory"),
+    (lambda t, i: t.vector_select(0, i), ValueError, "only supported on HBM tensors"),
+    (lambda t, i: t.reshape_dim(1, (-1, -1)), ValueError, "one element of shape may be -1"),
+])
+def test_view_mistakes_name_the_documented_rule(view, error, message):
+    # each was "not supported by nkisim" or a message about something the user did not write
+    def body(x):
+        t = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=x)
+        idx = nl.ndarray((64, 1), nl.int32, buffer=nl.sbuf)
+        nisa.iota(idx, [[1, 1]], 0, 1)
+        view(t, idx)
+        out = nl.ndarray(x.shape, dtype=x.dtype, buffer=nl.shared_hbm)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    with pytest.raises(error, match=message):
+        run(body, X)
