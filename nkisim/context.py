@@ -340,7 +340,13 @@ class Run:
             return
         self.warned.add(site)
         import warnings
-        warnings.warn_explicit(text, category, file or "<kernel>", line or 0)
+        # (one registry for every run: under Python's default filter a script that runs the
+        # same kernel twice, baremetal then benchmark, sees each warning once)
+        warnings.warn_explicit(text, category, file or "<kernel>", line or 0,
+                               registry=_WARNING_REGISTRY)
+
+
+_WARNING_REGISTRY: dict = {}
 
 
 _current: list = []          # stack of active Runs (a kernel may simulate another: rare)

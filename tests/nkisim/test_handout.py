@@ -318,6 +318,31 @@ def test_nkisim_run_of_a_script_that_does_not_parse_is_pythons_message_only(tmp_
     assert "Traceback" not in r.stderr and "runpy" not in r.stderr and "cli.py" not in r.stderr
 
 
+def test_a_script_running_a_kernel_twice_sees_each_warning_once(tmp_path):
+    # the trn1 course runs each kernel with baremetal, then benchmark: the same suspicious
+    # pattern was printed once per run
+    script = textwrap.dedent('''
+        import numpy as np
+        import neuronxcc.nki as nki
+        import neuronxcc.nki.language as nl
+
+        @nki.jit
+        def k(a):
+            out = nl.ndarray((128, 8), dtype=nl.float32, buffer=nl.shared_hbm)
+            acc = nl.zeros((128, 8), nl.float16, buffer=nl.psum)
+            acc += nl.matmul(nl.load(a), nl.load(a)[:, 0:8], transpose_x=True)
+            nl.store(out, acc)
+            return out
+
+        a = np.ones((128, 128), np.float32)
+        nki.baremetal(k)(a)
+        nki.benchmark(k)(a)
+    ''')
+    r = _nkisim_run(tmp_path, script)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("NKIWarning: suspicious pattern: PSUM accumulator `acc`") == 1, r.stderr
+
+
 def test_nkisim_run_without_a_script_names_only_the_script():
     r = subprocess.run([sys.executable, "-m", "nkisim.cli", "run"], capture_output=True,
                        text=True, timeout=60)
