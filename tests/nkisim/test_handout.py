@@ -180,6 +180,7 @@ def test_vector_add_direct_allocation_bad_is_wrong_as_aliasing_predicts(trn1):
     np.testing.assert_array_equal(out, b + b)
 
 
+@pytest.mark.filterwarnings("ignore:NKI rule the device tolerates.*block dimensions")
 @pytest.mark.filterwarnings("ignore:block dimensions")
 def test_direct_allocation_kernels_on_trn2_too():
     a, b = vectors(128000)

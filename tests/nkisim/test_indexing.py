@@ -355,6 +355,7 @@ def test_other_index_expressions_stay_advanced(make):
     np.testing.assert_array_equal(a[norm], a[tuple(k.v for k in key)])
 
 
+@pytest.mark.filterwarnings("ignore:NKI rule the device tolerates.*block dimensions")
 def test_mgrid_indexed_block_tile_round_trip():
     """AWS's matmul tutorial (hoist_load) stores loads into `tiles[k, i.p, i.x]` of a block
     tile and reads them back the same way: values as NumPy computes them."""

@@ -532,6 +532,7 @@ def dynamic_rows(a, n_tiles):
     return out
 
 
+@pytest.mark.filterwarnings("ignore:nl.dynamic_range is deprecated")
 def test_register_loaded_from_sbuf_bounds_a_dynamic_range(nki06):
     a = rand((64, 8))
     out = nki.simulate(dynamic_rows)(a, np.array([3], np.int32))

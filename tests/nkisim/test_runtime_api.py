@@ -187,6 +187,7 @@ def test_returning_an_sbuf_tile_warns_and_returns_its_values():
 # psum.py `alloc`; nki-samples reference/allocated_attention.py)
 
 
+@pytest.mark.filterwarnings("ignore:NKI rule the device tolerates.*block dimensions")
 def test_sbuf_alloc_function_places_each_block():
     from nkisim.beta1 import compiler as ncc
     calls = []
@@ -212,6 +213,7 @@ def test_sbuf_alloc_function_places_each_block():
     assert sorted(calls) == [((0,), 128, 256), ((1,), 128, 256), ((2,), 128, 256)]
 
 
+@pytest.mark.filterwarnings("ignore:NKI rule the device tolerates.*block dimensions")
 def test_psum_alloc_function_is_called_by_keyword():
     import functools
 
@@ -239,6 +241,7 @@ def test_psum_alloc_function_is_called_by_keyword():
     np.testing.assert_array_equal(k(a, np.eye(64, dtype=np.float32)), np.stack([a.T, a.T]))
 
 
+@pytest.mark.filterwarnings("ignore:NKI rule the device tolerates.*block dimensions")
 def test_psum_mod_alloc_num_bank_tiles_gives_each_block_its_bank():
     from nkisim.beta1 import compiler as ncc
     from nkisim.beta1 import isa as nisa
