@@ -611,6 +611,7 @@ def test_nki_0_7_tracer_refuses_a_register_in_python_control_flow(monkeypatch):
         nki.simulate(k)(rand((2, 2)))
 
 
+@pytest.mark.filterwarnings("ignore:nl.dynamic_range is deprecated")
 def test_register_load_is_traced_as_a_4_byte_transfer(nki06):
     from nkisim.runtime import last_run
     nki.simulate(dynamic_rows)(rand((32, 8)), np.array([1], np.int32))
