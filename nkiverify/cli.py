@@ -34,7 +34,8 @@ Warnings raised while the cases run are printed once per source line, after the 
 the number of runs that raised them.
 
 Exit status: 0 every case passed, 1 a case failed (or raised), 2 a usage error (the message
-names the argument). The JSON report format is documented in docs/report-schema.md.
+names the argument), 130 interrupted (Ctrl-C: the workers stop at once, the results so far are
+printed). The JSON report format is documented in docs/report-schema.md.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ from .fixtures.configs import (  # noqa: E402
 )
 
 RUN_BACKENDS = ("nkisim", "neuronxcc", "device")
+INTERRUPTED = 130       # the exit status after a Ctrl-C (128 + SIGINT), as a shell reports it
 TARGETS = ("trn1", "trn2")
 _CASE_IDS = {c.id for c in CASES}
 
@@ -451,13 +453,17 @@ def _run_jobs(jobs, labels, refs, backend, jobs_n, progress):
     ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     pool = cf.ProcessPoolExecutor(max_workers=jobs_n, mp_context=ctx, initializer=_worker_init,
                                   initargs=(list(refs or ()), backend.name, backend.target))
+    futures = {}
     try:
-        futures = {}
-        # the largest cases first (longest-processing-time order): the 224x224 conv2d cases
-        # start at once on every worker and the small ones fill in at the end, instead of a
-        # large case starting last and running alone (results keep the cases' order)
-        for group in sorted(groups, key=lambda g: -sum(_work(jobs[i]) for i in g)):
-            futures[pool.submit(_run_group, [jobs[i] for i in group])] = group
+        # the workers start at the first submit: with SIGINT ignored here they inherit that
+        # (a Ctrl-C before a worker's initializer ran would print its traceback)
+        with _sigint_ignored():
+            # the largest cases first (longest-processing-time order): the 224x224 conv2d
+            # cases start at once on every worker and the small ones fill in at the end,
+            # instead of a large case starting last and running alone (results keep the
+            # cases' order)
+            for group in sorted(groups, key=lambda g: -sum(_work(jobs[i]) for i in g)):
+                futures[pool.submit(_run_group, [jobs[i] for i in group])] = group
         for fut in cf.as_completed(futures):
             group = futures[fut]
             try:
@@ -471,11 +477,44 @@ def _run_jobs(jobs, labels, refs, backend, jobs_n, progress):
                 progress.finish(i + 1, labels[i], _verdict(result), result["elapsed_s"])
     except KeyboardInterrupt:
         interrupted = True
-        for fut in futures:
-            fut.cancel()
     finally:
-        pool.shutdown(wait=not interrupted, cancel_futures=True)
+        _stop_pool(pool, terminate=interrupted)
     return results, interrupted
+
+
+@contextlib.contextmanager
+def _sigint_ignored():
+    """SIGINT ignored (a Ctrl-C is dropped) inside, in the main thread; elsewhere a no-op."""
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def _stop_pool(pool, terminate: bool) -> None:
+    """Shut the worker pool down. ``terminate`` (after a Ctrl-C): end the workers at once,
+    not after their running cases (a 224x224 case runs for a minute); Python's own shutdown
+    would wait for them at exit, and a second Ctrl-C there hung (a traceback from
+    concurrent.futures, the workers left running). SIGINT is ignored meanwhile, so a second
+    Ctrl-C cannot break the shutdown half way."""
+    with _sigint_ignored():
+        if terminate:
+            procs = list((getattr(pool, "_processes", None) or {}).values())
+            for proc in procs:
+                with contextlib.suppress(Exception):
+                    proc.terminate()
+            for proc in procs:
+                with contextlib.suppress(Exception):
+                    proc.join(timeout=5)
+                    if proc.is_alive():
+                        proc.kill()
+                        proc.join(timeout=5)
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _work(job) -> float:
@@ -739,7 +778,9 @@ def cmd_run(args) -> int:
     if beyond:
         print(f"\n{len(beyond)} of the failures are beyond the course's contract for your "
               f"kernel (not required, docs/course-contract.md): {', '.join(beyond)}")
-    return 1 if len(failures) > len(beyond) or interrupted else 0
+    if interrupted:
+        return INTERRUPTED
+    return 1 if len(failures) > len(beyond) else 0
 
 
 def cmd_list(args) -> int:
@@ -972,10 +1013,11 @@ def _latency_caveat(kernel, params, dtype, records, target) -> str:
     return f" (but {'; '.join(notes)})" if notes else ""
 
 
-def _course_latencies(args, quick: bool, checked=None):
+def _course_latencies(args, quick: bool, checked=None, out=None):
     """[(label, us, verdict line, (kernel, params, dtype))] for the graded configurations of
-    the kernels in use (``checked``: only those, when ``--cases`` left the others out)."""
-    out = []
+    the kernels in use (``checked``: only those, when ``--cases`` left the others out),
+    appended to ``out`` as they are estimated (a Ctrl-C keeps those)."""
+    out = [] if out is None else out
     families = {n for n, s in registry.KERNELS.items() if s.source not in ("shipped", "user")}
     if checked is not None:
         families &= set(checked)
@@ -1072,9 +1114,16 @@ def cmd_course(args) -> int:
     warned: set = set()         # (the latency runs below print only the warnings not seen)
     report, failures, interrupted = run_selected(selected, args, refs,
                                                  title="nki-verify course", warned=warned)
+    latencies = []
     with warnings.catch_warnings(record=True) as caught:
-        latencies = [] if interrupted else _course_latencies(
-            args, args.quick, {case.kernel for case, _ in selected} if args.cases else None)
+        if not interrupted:
+            try:
+                _course_latencies(args, args.quick, {case.kernel for case, _ in selected}
+                                  if args.cases else None, out=latencies)
+            except KeyboardInterrupt:
+                interrupted = True
+                print("\nnki-verify course: interrupted; the latency estimates so far:",
+                      file=sys.stderr)
     _print_warnings([("the latency estimates", _distinct_warnings(caught))], warned)
 
     print("\n==== summary ====")
@@ -1094,6 +1143,7 @@ def cmd_course(args) -> int:
     summary = {"dir": root, "target": args.target, "kernels": [], "latency": []}
     for spec in specs:
         recs = [r for r in report.records if r.kernel == spec.name]
+        planned = sum(case.kernel == spec.name for case, _ in selected)
         ok = sum(r.passed for r in recs)
         # the configurations the course's own harness runs, our extra cases within the
         # course's contract, and those beyond it
@@ -1103,6 +1153,8 @@ def cmd_course(args) -> int:
              extra if required(r.case_id) else more).append(r)
         status = "----" if not recs else "PASS" if all(r.passed for r in course + extra) \
             else "FAIL"
+        if status == "PASS" and len(recs) < planned:
+            status = "----"             # (interrupted: not every run of it ran)
         summary["kernels"].append({
             "kernel": spec.name, "file": os.path.relpath(spec.import_path, root),
             "verdict": "not checked" if not recs else status, "passed": ok, "cases": len(recs),
@@ -1119,9 +1171,14 @@ def cmd_course(args) -> int:
             if more:
                 split += (f", beyond the course's contract {sum(r.passed for r in more)}/"
                           f"{len(more)} (not required)")
+        why = ""
+        if not recs:
+            why = "  not checked (interrupted)" if interrupted and planned else \
+                "  not checked (--cases)"
+        elif len(recs) < planned:
+            why = f"; {planned - len(recs)} of its {planned} case runs not run (interrupted)"
         print(f"{status}  {spec.name:<9} {ok}/{len(recs)} cases  "
-              f"({os.path.relpath(spec.import_path, root)}){split}"
-              + ("  not checked (--cases)" if not recs else ""))
+              f"({os.path.relpath(spec.import_path, root)}){split}{why}")
     if latencies:
         print("\nlatency estimates (nkisim cost model, the course's thresholds):")
         for label, us, verdict, config in latencies:
@@ -1148,7 +1205,10 @@ def cmd_course(args) -> int:
         print("\nbeyond the course's contract (not required; docs/course-contract.md):")
         for line in _advice(beyond, args.target, args.backend):
             print(line)
-    status = 1 if by_kernel or interrupted else 0
+    if interrupted:
+        print("\ninterrupted: not every selected case run ran (the summary covers those that "
+              "did)")
+    status = INTERRUPTED if interrupted else 1 if by_kernel else 0
     if args.report:             # the course's verdicts and estimates too (docs/report-schema.md)
         report.meta["course"] = {**summary, "exit_status": status}
         report.to_json(args.report)
@@ -1495,6 +1555,10 @@ def main(argv=None) -> int:
     except UsageError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # (a Ctrl-C where no partial result is worth printing: loading, bench, case)
+        print(f"\n{prog}: interrupted", file=sys.stderr)
+        return INTERRUPTED
     except BrokenPipeError:
         # `nki-verify list | head`: the reader left; say nothing more (and let Python's exit
         # flush not raise again).
