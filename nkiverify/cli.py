@@ -606,24 +606,38 @@ def _backend_or_usage(name, target):
 
 
 def _import_user_kernels(kernels, backend) -> None:
-    """Import each user kernel's module once, up front: a package it imports that is not
-    installed is one usage error naming it, not an ERROR row for every case."""
+    """Import each user kernel's module once, up front: a file that does not import (a syntax
+    error, an error at import, no such function) or imports a package that is not installed is
+    one usage error naming it, not an ERROR row for every case."""
     for name in sorted(kernels):
         spec = registry.KERNELS.get(name)
         if spec is None or spec.source == "shipped" or spec.kernel is not None:
             continue
-        try:
-            backend.load(spec.import_path)
-        except ModuleNotFoundError as exc:
-            missing = (exc.name or "").split(".")[0]
-            if missing in ("", "neuronxcc", "nki"):
-                continue             # (the backend's own business: each case says why)
-            module = spec.import_path.rpartition(":")[0]
-            raise UsageError(f"the {name} kernel: importing {module} failed: it imports "
-                             f"`{exc.name}`, which is not installed here "
-                             f"(pip install {missing}, or remove the import)") from None
-        except Exception:           # noqa: BLE001 - reported per case, with its traceback
-            continue
+        _load_or_usage(backend, spec, name)
+
+
+def _load_or_usage(backend, spec, name):
+    """``backend.load`` of a user's kernel; a failure is a UsageError (one line)."""
+    module = spec.import_path.rpartition(":")[0]
+    try:
+        return backend.load(spec.import_path)
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if missing in ("", "neuronxcc", "nki"):
+            return None              # (the backend's own business: each case says why)
+        raise UsageError(f"the {name} kernel: importing {module} failed: it imports "
+                         f"`{exc.name}`, which is not installed here "
+                         f"(pip install {missing}, or remove the import)") from None
+    except Exception as exc:       # noqa: BLE001 - a syntax error, no such function, ...
+        where = ""
+        if not isinstance(exc, SyntaxError):        # (a SyntaxError names its line)
+            lib = _library_dirs()
+            frames = [f for f in traceback.extract_tb(exc.__traceback__)
+                      if not f.filename.startswith(lib) and not f.filename.startswith("<")]
+            if frames:
+                where = f" ({os.path.basename(frames[-1].filename)}, line {frames[-1].lineno})"
+        raise UsageError(f"--kernel {name}={spec.import_path}: the kernel does not load: "
+                         f"{_one_line(exc)}{where}") from None
 
 
 def run_selected(selected, args, refs, *, title="nki-verify", warned=None):
@@ -881,6 +895,7 @@ def cmd_case(args) -> int:
                          f"{', '.join(registry.KERNELS)}")
     params = parse_params(args.params, args.name)
     backend = _backend_or_usage(args.backend, args.target)
+    _import_user_kernels({args.name}, backend)
     _WORKER["backend"] = backend
     spec = registry.KERNELS[args.name]
     dialect = args.dialect if spec.source == "shipped" else None
@@ -1330,7 +1345,10 @@ def cmd_bench(args) -> int:
         spec = spec.for_dialect(args.dialect)
     backend = _backend_or_usage(args.backend, args.target)
     inputs = spec.inputs(params, dtype, seed=0, dist="uniform")
-    kernel = backend.load(spec.import_path)
+    kernel = backend.load(spec.import_path) if spec.source == "shipped" or \
+        spec.kernel is not None else _load_or_usage(backend, spec, args.kernel)
+    if kernel is None:
+        kernel = backend.load(spec.import_path)     # (a missing neuronxcc/nki: its own error)
     what = f"{args.kernel} ({spec.import_path}) {_describe(args.kernel, params, dtype)}"
     t0 = time.perf_counter()
     if args.backend == "device":

@@ -1,0 +1,81 @@
+"""``nki-verify`` usage errors and warnings about what the command line selects: a ``--kernel``
+that does not load, ``--cases`` that select nothing of the user's kernels, a ``--cases`` element
+that matches nothing (one line each, before any case runs)."""
+
+from pathlib import Path
+
+import pytest
+
+from nkiverify import cli, registry
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def _own_registry(monkeypatch):
+    """``--kernel`` replaces a family in the registry: keep that to the test."""
+    monkeypatch.setattr(registry, "KERNELS", dict(registry.KERNELS))
+
+
+@pytest.fixture
+def part1(tmp_path):
+    """A student's part1/kernels.py: the repo's vector adds and transpose."""
+    path = tmp_path / "part1" / "kernels.py"
+    path.parent.mkdir()
+    path.write_text((REPO / "kernels" / "vector_add.py").read_text() + "\n\n"
+                    + (REPO / "kernels" / "transpose.py").read_text())
+    return path
+
+
+def _usage_error(capsys, argv, *needles):
+    code = cli.main(argv)
+    out, err = capsys.readouterr()
+    assert code == 2, out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err            # one line, nothing scheduled
+    assert "case runs" not in err and "ERROR" not in out, out + err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+# ---- a --kernel that does not load (F4) ---------------------------------------------------
+
+@pytest.mark.parametrize("cases", ["tiled", "tiled-n1000"])     # (tiled-n1000: beyond contract)
+@pytest.mark.parametrize("named", [True, False])
+def test_a_kernel_file_with_a_syntax_error_is_one_usage_error(tmp_path, capsys, cases, named):
+    bad = tmp_path / "syntax_err.py"
+    bad.write_text("import neuronxcc.nki as nki\n\n\ndef vector_add_tiled(a, b):\n"
+                   "    return (a\n")
+    ref = f"{'tiled=' if named else ''}{bad}:vector_add_tiled"
+    _usage_error(capsys, ["--kernel", ref, "--cases", cases, "-j", "1"],
+                 "nki-verify run: error: --kernel", "the kernel does not load: SyntaxError:",
+                 "syntax_err.py, line 5")
+
+
+@pytest.mark.parametrize("named", [True, False])
+def test_a_missing_function_is_one_usage_error(part1, capsys, named):
+    ref = f"naive={part1}:nope" if named else f"{part1}:vector_add_naive_typo"
+    line = _usage_error(capsys, ["--kernel", ref, "-j", "1"], "nki-verify run: error: --kernel")
+    if named:
+        assert "has no function 'nope' (it defines: " in line and "vector_add_naive" in line
+    else:       # (without NAME= the family cannot be told: said before loading)
+        assert "is not one of the course's functions" in line
+
+
+def test_an_error_at_import_is_one_usage_error_naming_the_line(tmp_path, capsys):
+    bad = tmp_path / "raises.py"
+    bad.write_text("import numpy as np\n\nraise RuntimeError('broken at import')\n\n\n"
+                   "def vector_add_naive(a, b):\n    return a\n")
+    _usage_error(capsys, ["--kernel", f"{bad}:vector_add_naive", "-j", "1"],
+                 "RuntimeError: broken at import (raises.py, line 3)")
+
+
+def test_case_and_bench_say_it_once_too(tmp_path, capsys):
+    bad = tmp_path / "syntax_err.py"
+    bad.write_text("def vector_add_tiled(a, b):\n    return (a\n")
+    ref = f"{bad}:vector_add_tiled"
+    _usage_error(capsys, ["case", "tiled", "--params", "n=256", "--kernel", ref],
+                 "nki-verify case: error: --kernel", "SyntaxError:")
+    _usage_error(capsys, ["bench", "--kernel", ref], "nki-verify bench: error: --kernel",
+                 "SyntaxError:")
