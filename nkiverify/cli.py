@@ -766,10 +766,22 @@ def _beyond_contract(case, target) -> bool:
 def cmd_run(args) -> int:
     check_report_path(args.report)
     specs = use_kernels(args.kernel)
-    kernels = {s.name for s in specs} if specs and not args.cases else None
+    # with --kernel only the given kernels run: --cases of other families would run ours
+    kernels = {s.name for s in specs} if specs else None
     selected = _select(args.cases, args.quick, args.dtypes, kernels=kernels)
+    others = _left_out(args, kernels)
     if not selected:
+        if others:
+            raise UsageError(f"--cases/--dtypes: no case matches the filters for your --kernel "
+                             f"kernels ({', '.join(sorted(kernels))}); they select cases of "
+                             f"{', '.join(others)} only (see `nki-verify list`)")
         raise UsageError("--cases/--dtypes: no case matches the filters (see `nki-verify list`)")
+    if others:
+        what = "; ".join(f"{k}: {', '.join(ids[:3])}" + (f" and {len(ids) - 3} more"
+                                                           if len(ids) > 3 else "")
+                         for k, ids in others.items())
+        print(f"nki-verify: --cases: left out the cases of kernels no --kernel gives ({what}): "
+              f"with --kernel only your kernels run", file=sys.stderr)
     _, failures, interrupted = run_selected(selected, args, args.kernel)
     # A user's kernel failing only cases beyond the course's contract passes, as in `course`;
     # its failures within the contract get the first reason and a rerun line on stdout, as
@@ -795,6 +807,20 @@ def cmd_run(args) -> int:
     if interrupted:
         return INTERRUPTED
     return 1 if len(failures) > len(beyond) else 0
+
+
+def _left_out(args, kernels) -> dict:
+    """{kernel: [case ids]} that ``--cases`` selects of kernels the ``--kernel`` options do not
+    give (those runs are left out: with ``--kernel`` only the given kernels run)."""
+    others: dict = {}
+    if kernels is None or not args.cases:
+        return others
+    for case, _ in _select(args.cases, args.quick, args.dtypes):
+        if case.kernel not in kernels:
+            ids = others.setdefault(case.kernel, [])
+            if case.id not in ids:
+                ids.append(case.id)
+    return others
 
 
 def cmd_list(args) -> int:

@@ -79,3 +79,25 @@ def test_case_and_bench_say_it_once_too(tmp_path, capsys):
                  "nki-verify case: error: --kernel", "SyntaxError:")
     _usage_error(capsys, ["bench", "--kernel", ref], "nki-verify bench: error: --kernel",
                  "SyntaxError:")
+
+
+# ---- --cases of kernels --kernel does not give (F2) -----------------------------------------
+
+def test_cases_of_other_families_do_not_run_our_kernels(part1, capsys):
+    # the student's stream kernel with a transpose case: that case once ran our transpose and
+    # passed, as if it were the student's
+    code = cli.main(["--kernel", f"{part1}:vector_add_stream", "--cases",
+                     "stream-n384,transpose-1024x1024", "--dtypes", "float32", "-j", "1"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    rows = [line.split()[0] for line in out.splitlines() if line.startswith(("stream-",
+                                                                             "transpose-"))]
+    assert rows == ["stream-n384"], out
+    assert "nki-verify: --cases: left out the cases of kernels no --kernel gives (transpose: " \
+        "transpose-1024x1024): with --kernel only your kernels run" in err
+
+
+def test_cases_that_select_none_of_the_users_kernels_are_a_usage_error(part1, capsys):
+    _usage_error(capsys, ["--kernel", f"{part1}:vector_add_naive", "--cases", "conv2d*"],
+                 "nki-verify run: error: --cases/--dtypes: no case matches the filters for "
+                 "your --kernel kernels (naive); they select cases of conv2d only")
