@@ -770,12 +770,14 @@ def cmd_run(args) -> int:
     kernels = {s.name for s in specs} if specs else None
     selected = _select(args.cases, args.quick, args.dtypes, kernels=kernels)
     others = _left_out(args, kernels)
+    unselected = _unselected(args, kernels)
     if not selected:
         if others:
             raise UsageError(f"--cases/--dtypes: no case matches the filters for your --kernel "
                              f"kernels ({', '.join(sorted(kernels))}); they select cases of "
                              f"{', '.join(others)} only (see `nki-verify list`)")
-        raise UsageError("--cases/--dtypes: no case matches the filters (see `nki-verify list`)")
+        raise _no_case_error(unselected)
+    _warn_unselected("nki-verify", unselected)
     if others:
         what = "; ".join(f"{k}: {', '.join(ids[:3])}" + (f" and {len(ids) - 3} more"
                                                            if len(ids) > 3 else "")
@@ -809,6 +811,54 @@ def cmd_run(args) -> int:
     return 1 if len(failures) > len(beyond) else 0
 
 
+def _patterns(text) -> list[str]:
+    return [p.strip() for p in (text or "").split(",") if p.strip()]
+
+
+def _unselected(args, kernels, *, every_dtype=False, whose=None) -> list[tuple[str, str]]:
+    """[(element, why)] for each element of ``--cases`` that selects no run under the other
+    filters (--quick, --dtypes, the kernels checked), and why. ``whose``: what to say of a
+    kernel family outside ``kernels`` ("which ..."); None: leave such elements out (said
+    elsewhere)."""
+    out = []
+    dtypes = getattr(args, "dtypes", None)
+    for p in _patterns(args.cases):
+        if _select(p, args.quick, dtypes, kernels=kernels, every_dtype=every_dtype):
+            continue
+        matched = [c for c in CASES if _matches(c, p)]
+        ours = [c for c in matched if kernels is None or c.kernel in kernels]
+        if not matched:
+            why = "matches no case"
+        elif not ours:
+            if whose is None:
+                continue
+            families = ", ".join(dict.fromkeys(c.kernel for c in matched))
+            why = f"matches only cases of {families}, which {whose}"
+        elif args.quick and all(c.slow for c in ours):
+            why = ("is a large case, which --quick skips" if len(ours) == 1 and p == ours[0].id
+                   else "matches only large cases, which --quick skips")
+        else:
+            why = f"matches no case in --dtypes {','.join(dtypes or ())}"
+        out.append((p, why))
+    return out
+
+
+def _no_case_error(unselected) -> UsageError:
+    """The usage error of a selection with no run, naming why each --cases element selects
+    none (when it is more than "matches no case")."""
+    detail = "; ".join(f"{p} {why}" for p, why in unselected if why != "matches no case")
+    return UsageError("--cases/--dtypes: no case matches the filters"
+                      + (f" ({detail})" if detail else "") + " (see `nki-verify list`)")
+
+
+def _warn_unselected(prog, unselected) -> None:
+    """One line on stderr for each --cases element that selects nothing (the others ran)."""
+    for p, why in unselected:
+        print(f"{prog}: warning: --cases: {p!r} {why}"
+              + (" (see `nki-verify list`)" if why == "matches no case" else ""),
+              file=sys.stderr)
+
+
 def _left_out(args, kernels) -> dict:
     """{kernel: [case ids]} that ``--cases`` selects of kernels the ``--kernel`` options do not
     give (those runs are left out: with ``--kernel`` only the given kernels run)."""
@@ -825,6 +875,7 @@ def _left_out(args, kernels) -> dict:
 
 def cmd_list(args) -> int:
     selected = _select(args.cases, args.quick, args.dtypes)
+    _warn_unselected("nki-verify list", _unselected(args, None))
     rows = []
     seen = set()
     for case, _ in selected:
@@ -1152,6 +1203,11 @@ def cmd_course(args) -> int:
         print(f"  note: {note}", file=sys.stderr)
     kernels = {s.name for s in specs}
     selected = _select(args.cases, args.quick, None, kernels=kernels, every_dtype=True)
+    unselected = _unselected(args, kernels, every_dtype=True,
+                             whose="the checkout does not define")
+    if not selected:
+        raise _no_case_error(unselected)
+    _warn_unselected("nki-verify course", unselected)
     warned: set = set()         # (the latency runs below print only the warnings not seen)
     report, failures, interrupted = run_selected(selected, args, refs,
                                                  title="nki-verify course", warned=warned)

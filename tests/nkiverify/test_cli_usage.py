@@ -101,3 +101,59 @@ def test_cases_that_select_none_of_the_users_kernels_are_a_usage_error(part1, ca
     _usage_error(capsys, ["--kernel", f"{part1}:vector_add_naive", "--cases", "conv2d*"],
                  "nki-verify run: error: --cases/--dtypes: no case matches the filters for "
                  "your --kernel kernels (naive); they select cases of conv2d only")
+
+
+# ---- course --cases that match nothing; one element of a list that matches nothing (F5, F6) --
+
+@pytest.fixture
+def checkout(tmp_path, part1):
+    (tmp_path / "part2").mkdir()
+    (tmp_path / "part2" / "conv2d.py").write_text((REPO / "kernels" / "conv2d.py").read_text())
+    return tmp_path
+
+
+@pytest.mark.parametrize("pattern", ["transpos-4096", "nomatch*"])
+def test_course_cases_that_match_nothing_say_so_as_run_does(checkout, capsys, pattern):
+    code = cli.main(["course", str(checkout), "--cases", pattern])
+    out, err = capsys.readouterr()
+    assert code == 2, out + err
+    last = err.strip().splitlines()[-1]
+    # (course has no --dialect: it once blamed it)
+    assert last == "nki-verify course: error: --cases/--dtypes: no case matches the filters " \
+        "(see `nki-verify list`)", err
+    assert "--dialect" not in err
+    assert cli.main(["--cases", pattern]) == 2
+    assert capsys.readouterr().err.strip() == last.replace("nki-verify course:", "nki-verify run:")
+
+
+def test_a_large_case_under_quick_says_quick_skips_it(checkout, capsys):
+    for argv in (["course", str(checkout)], []):
+        assert cli.main(argv + ["--quick", "--cases", "transpose-4096x4096"]) == 2
+        err = capsys.readouterr().err
+        assert "no case matches the filters (transpose-4096x4096 is a large case, which " \
+            "--quick skips)" in err
+
+
+def test_course_cases_of_a_kernel_the_checkout_lacks(part1, capsys):
+    root = part1.parent.parent                 # (part1/kernels.py only)
+    assert cli.main(["course", str(root), "--cases", "conv2d-small-c128-c128"]) == 2
+    err = capsys.readouterr().err
+    assert "conv2d-small-c128-c128 matches only cases of conv2d, which the checkout does not " \
+        "define" in err
+
+
+def test_an_element_of_a_cases_list_that_matches_nothing_is_warned(part1, capsys):
+    code = cli.main(["--kernel", f"{part1}:vector_add_naive", "--cases", "naive-n128,naiv-n64",
+                     "--dtypes", "float32", "-j", "1"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    assert "1 passed, 0 failed" in out
+    assert "nki-verify: warning: --cases: 'naiv-n64' matches no case (see `nki-verify list`)" \
+        in err.splitlines()
+    assert "naive-n128" not in " ".join(line for line in err.splitlines() if "warning" in line)
+    # and an element --quick empties
+    cli.main(["--cases", "naive-n128,transpose-4096x4096", "--quick", "--dialect", "beta1",
+              "--dtypes", "float32", "-j", "1"])
+    err = capsys.readouterr().err
+    assert "nki-verify: warning: --cases: 'transpose-4096x4096' is a large case, which --quick " \
+        "skips" in err
