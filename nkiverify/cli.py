@@ -1036,6 +1036,24 @@ def find_course_kernels(root: str) -> tuple[list[str], list[str]]:
     return refs, notes
 
 
+def missing_course_kernels(root: str, target: str) -> list[tuple[str, str]]:
+    """[(kernel family, why)] of the course's kernels (on ``target``) that the checkout does
+    not define: its file not found, or the function not in it. (The trn1 course's part 1 has
+    no transpose.)"""
+    out = []
+    for rel, funcs in COURSE_FILES.items():
+        path = os.path.join(root, rel)
+        defined = _defined_functions(path) if os.path.isfile(path) else None
+        for func in funcs:
+            if func == "matrix_transpose" and target == "trn1":
+                continue
+            if defined is None:
+                out.append((registry.COURSE_FUNCTIONS[func], f"{rel} not found"))
+            elif func not in defined:
+                out.append((registry.COURSE_FUNCTIONS[func], f"no {func} in {rel}"))
+    return out
+
+
 # The trn1 course's Part 1 runner (asst4-trainium: part1/vec_add.py) against trn2's
 # (asst4-trainium2: part1/run_benchmark.py), cs149-assignment §3.
 TRN1_MARKER, TRN2_MARKER = "part1/vec_add.py", "part1/run_benchmark.py"
@@ -1237,7 +1255,9 @@ def cmd_course(args) -> int:
             by_id(case_id).kernel, []).append((label, message))
     for items in by_kernel.values():        # the course's own configurations first
         items.sort(key=lambda item: not course_own(*item[0].split()))
-    summary = {"dir": root, "target": args.target, "kernels": [], "latency": []}
+    missing = missing_course_kernels(root, args.target)
+    summary = {"dir": root, "target": args.target, "kernels": [], "latency": [],
+               "not_found": [{"kernel": k, "why": why} for k, why in missing]}
     for spec in specs:
         recs = [r for r in report.records if r.kernel == spec.name]
         planned = sum(case.kernel == spec.name for case, _ in selected)
@@ -1254,7 +1274,8 @@ def cmd_course(args) -> int:
             status = "----"             # (interrupted: not every run of it ran)
         summary["kernels"].append({
             "kernel": spec.name, "file": os.path.relpath(spec.import_path, root),
-            "verdict": "not checked" if not recs else status, "passed": ok, "cases": len(recs),
+            "verdict": "not checked" if not recs else "interrupted" if status == "----"
+            else status, "passed": ok, "cases": len(recs),
             **{key: {"passed": sum(r.passed for r in group), "cases": len(group),
                      "case_runs": [f"{r.case_id} {r.dtype}" for r in group]}
                for key, group in (("course_configurations", course), ("extra", extra),
@@ -1276,6 +1297,8 @@ def cmd_course(args) -> int:
             why = f"; {planned - len(recs)} of its {planned} case runs not run (interrupted)"
         print(f"{status}  {spec.name:<9} {ok}/{len(recs)} cases  "
               f"({os.path.relpath(spec.import_path, root)}){split}{why}")
+    for kernel, why in missing:
+        print(f"----  {kernel:<9} not checked ({why})")
     if latencies:
         print("\nlatency estimates (nkisim cost model, the course's thresholds):")
         for label, us, verdict, config in latencies:
@@ -1285,19 +1308,28 @@ def cmd_course(args) -> int:
             summary["latency"].append({"configuration": label, "estimate_us": us,
                                        "verdict": verdict, "caveat": caveat.strip(" ()")
                                        or None})
+    scope = ""
+    if args.cases or args.quick:
+        # only the selected runs were checked: say so, not "every case" (of the course)
+        whole = len(_select(None, False, None, kernels=kernels, every_dtype=True))
+        by = " and ".join(["--cases"] * bool(args.cases) + ["--quick"] * args.quick)
+        scope = (f"{len(selected)} of the course's {whole} case "
+                 f"run{'s' * (whole != 1)} selected by {by}; the others were not run")
     if by_kernel:
         print("\nfix first:")
         for line in _advice(by_kernel, args.target, args.backend):
             print(line)
+        if scope and not interrupted:
+            print(f"\n({scope})")
+    elif not interrupted and missing:
+        # not "every case the course requires": a kernel of the course is not there
+        print("\nevery case run that was checked passed" + (f" ({scope})" if scope else "")
+              + f", but the course's {', '.join(k for k, _ in missing)} "
+              f"kernel{'s' * (len(missing) > 1)} {'were' if len(missing) > 1 else 'was'} not "
+              "found (not checked)")
     elif not interrupted:
-        if args.cases or args.quick:
-            # only the selected runs were checked: say so, not "every case" (of the course)
-            whole = len(_select(None, False, None, kernels=kernels, every_dtype=True))
-            by = " and ".join(["--cases"] * bool(args.cases) + ["--quick"] * args.quick)
-            print(f"\nevery case run that the course requires passed ({len(selected)} of the "
-                  f"course's {whole} case runs selected by {by}; the others were not run)")
-        else:
-            print("\nevery case the course requires passed")
+        print(f"\nevery case run that the course requires passed ({scope})" if scope
+              else "\nevery case the course requires passed")
     if beyond:
         print("\nbeyond the course's contract (not required; docs/course-contract.md):")
         for line in _advice(beyond, args.target, args.backend):
