@@ -548,8 +548,9 @@ def _show_ulp(result) -> bool:
 
 
 def _row_cells(case_id, dtype, source, result):
+    from .report import shown_ratio
     stats = result["stats"] if result else {}
-    ratio = stats.get("max_ratio")
+    ratio = shown_ratio(stats)
     ulp = (stats.get("ulp") or {}).get("max") if result and _show_ulp(result) else None
     return (case_id, dtype, source, _verdict(result), _fmt(ratio, ".3g"),
             _fmt((stats.get("abs") or {}).get("max"), ".2e"),

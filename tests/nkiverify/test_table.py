@@ -1,0 +1,54 @@
+"""The results tables of ``nki-verify``: ``err/allowed`` of a run whose output has NaN or
+never-written elements."""
+
+import pytest
+
+from nkiverify import cli, registry
+from nkiverify.report import CaseRecord, Report
+
+# the handout's tiled loop: no tail, so n = 1000 leaves the last 104 outputs never written
+NO_TAIL_TILED = """
+import neuronxcc.nki as nki
+import neuronxcc.nki.language as nl
+
+
+@nki.jit
+def vector_add_tiled(a_vec, b_vec):
+    out = nl.ndarray(a_vec.shape, dtype=a_vec.dtype, buffer=nl.shared_hbm)
+    M = a_vec.shape[0]
+    ROW_CHUNK = 128
+    for m in nl.affine_range(M // ROW_CHUNK):
+        a = nl.load(a_vec[m * ROW_CHUNK:(m + 1) * ROW_CHUNK])
+        b = nl.load(b_vec[m * ROW_CHUNK:(m + 1) * ROW_CHUNK])
+        nl.store(out[m * ROW_CHUNK:(m + 1) * ROW_CHUNK], value=nl.add(a, b))
+    return out
+"""
+
+
+@pytest.fixture(autouse=True)
+def _own_registry(monkeypatch):
+    monkeypatch.setattr(registry, "KERNELS", dict(registry.KERNELS))
+
+
+def test_unwritten_outputs_show_inf_not_a_ratio_below_1(tmp_path, capsys):
+    path = tmp_path / "kernels.py"
+    path.write_text(NO_TAIL_TILED)
+    code = cli.main(["--kernel", f"{path}:vector_add_tiled", "--cases", "tiled-n1000",
+                     "--dtypes", "float32", "-j", "1"])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err                  # (tiled-n1000 is beyond the course's contract)
+    assert "never written" in err
+    row = next(line.split() for line in out.splitlines() if line.startswith("tiled-n1000"))
+    # case, dtype, "beyond", "contract", result, err/allowed, ...
+    assert row[4] == "FAIL" and row[5] == "inf", row
+    summary = next(line.split() for line in out.splitlines() if line.startswith("tiled "))
+    assert summary[:6] == ["tiled", "float32", "1", "0", "0.0%", "inf"], summary
+
+
+def test_the_json_report_keeps_the_finite_elements_ratio():
+    stats = {"n": 4, "mismatches": 1, "nan_count": 1, "max_ratio": 0.2}
+    report = Report([CaseRecord("tiled", "float32", "tiled-n1000", False, stats, 0.1,
+                                "nkisim", "trn2")])
+    assert report.rows()[0].max_ratio == 0.2
+    line = report.format_table().splitlines()[2].split()
+    assert line[5] == "inf", line
