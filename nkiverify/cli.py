@@ -197,25 +197,31 @@ def _table(header, rows, right_from=2):
 
 
 class _Progress:
-    """One line per case as it starts and as it finishes (stderr)."""
+    """One line per case as it starts and as it finishes (stderr), counted: ``[k/total]`` is
+    the k-th run to start (start lines, one worker) or to finish, so the count rises
+    monotonically whatever order the runs end in (with -j N the largest cases start first and
+    the runs end out of order; the case's index said nothing of how far along the run was)."""
 
     def __init__(self, total, stream=None, parallel=False):
         self.total = total
         self.stream = stream or sys.stderr
         self.tty = not parallel and hasattr(self.stream, "isatty") and self.stream.isatty()
         self.width = len(str(total))
+        self.started = self.done = 0
 
     def start(self, i, label):
-        text = f"[{i:>{self.width}}/{self.total}] {label} ..."
+        self.started += 1
+        text = f"[{self.started:>{self.width}}/{self.total}] {label} ..."
         self.stream.write(text + (" " if self.tty else "\n"))
         self.stream.flush()
 
     def finish(self, i, label, verdict, seconds):
+        self.done += 1
         text = f"{verdict} ({seconds:.1f} s)"
         if self.tty:
             self.stream.write(text + "\n")
         else:
-            self.stream.write(f"[{i:>{self.width}}/{self.total}] {label} {text}\n")
+            self.stream.write(f"[{self.done:>{self.width}}/{self.total}] {label} {text}\n")
         self.stream.flush()
 
 

@@ -52,3 +52,13 @@ def test_the_json_report_keeps_the_finite_elements_ratio():
     assert report.rows()[0].max_ratio == 0.2
     line = report.format_table().splitlines()[2].split()
     assert line[5] == "inf", line
+
+
+def test_progress_counts_finished_runs_with_workers(capsys):
+    # the largest case (transpose) starts first on the two workers and the runs end out of the
+    # cases' order: the counter is how many have finished, not the case's index
+    assert cli.main(["--cases", "naive-n64,stream-n384,transpose-512x1024", "--dtypes",
+                     "float16,float32", "--dialect", "beta1", "-j", "2"]) == 0
+    err = capsys.readouterr().err
+    counts = [line[1:line.index("]")] for line in err.splitlines() if line.startswith("[")]
+    assert counts == [f"{k}/6" for k in range(1, 7)], err
