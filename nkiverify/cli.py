@@ -1130,14 +1130,24 @@ def _latency_caveat(kernel, params, dtype, records, target) -> str:
     return f" (but {'; '.join(notes)})" if notes else ""
 
 
+def _config_key(kernel, params, dtype):
+    return kernel, tuple(sorted(params.items())), dtype
+
+
+def _large_config(kernel, params, dtype) -> bool:
+    """A configuration whose estimate takes seconds: the 224x224 images, the 4096^2 transpose."""
+    return params.get("height", 0) >= 224 or params.get("m", 0) >= 4096
+
+
 def _course_latencies(args, quick: bool, checked=None, out=None):
     """[(label, us, verdict line, (kernel, params, dtype))] for the graded configurations of
-    the kernels in use (``checked``: only those, when ``--cases`` left the others out),
-    appended to ``out`` as they are estimated (a Ctrl-C keeps those)."""
+    the kernels in use (``checked``: the (case, dtype) runs ``--cases`` selected: only their
+    kernels, and their large configurations only among them), appended to ``out`` as they
+    are estimated (a Ctrl-C keeps those)."""
     out = [] if out is None else out
     families = {n for n, s in registry.KERNELS.items() if s.source not in ("shipped", "user")}
     if checked is not None:
-        families &= set(checked)
+        families &= {case.kernel for case, _ in checked}
     configs = []
     if "conv2d" in families:
         for pool in (1, 2):
@@ -1148,6 +1158,18 @@ def _course_latencies(args, quick: bool, checked=None, out=None):
                                                "bias": True, "pool": pool}, dtype))
     if "transpose" in families and not quick:
         configs.append(("transpose", {"m": 4096, "n": 4096}, "float32"))
+    if checked is not None:
+        # the large configurations (224x224, 4096x4096) only when --cases selects them: their
+        # estimates took 8-10 s each after a --cases run of two small cases (the small ones
+        # take a fraction of a second, and say what stands before their grade)
+        wanted = {_config_key(case.kernel, case.params, dt) for case, dt in checked}
+        left = [c for c in configs if _large_config(*c) and _config_key(*c) not in wanted]
+        configs = [c for c in configs if c not in left]
+        if left:
+            print(f"nki-verify course: {len(left)} large graded configuration"
+                  f"{'s' * (len(left) != 1)} not estimated (--cases did not select "
+                  f"{'them' if len(left) != 1 else 'it'}; nki-verify bench estimates any)",
+                  file=sys.stderr)
     from nkisim import runtime
     backend = get_backend("nkisim", target=args.target)
     if configs:
@@ -1240,8 +1262,8 @@ def cmd_course(args) -> int:
     with warnings.catch_warnings(record=True) as caught:
         if not interrupted:
             try:
-                _course_latencies(args, args.quick, {case.kernel for case, _ in selected}
-                                  if args.cases else None, out=latencies)
+                _course_latencies(args, args.quick, selected if args.cases else None,
+                                  out=latencies)
             except KeyboardInterrupt:
                 interrupted = True
                 print("\nnki-verify course: interrupted; the latency estimates so far:",

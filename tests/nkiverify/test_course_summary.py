@@ -67,3 +67,20 @@ def test_the_selected_runs_line_stays_when_a_case_fails(tmp_path, capsys):
     assert "fix first:" in out
     assert re.search(r"\n\(3 of the course's \d+ case runs selected by --cases and --quick; "
                      r"the others were not run\)", out), out
+
+
+def test_course_cases_estimate_the_large_configurations_only_when_selected(tmp_path, capsys):
+    root = _part1(tmp_path / "asst4")
+    (root / "part2").mkdir()
+    (root / "part2" / "conv2d.py").write_text((REPO / "kernels" / "conv2d.py").read_text())
+    # a small case: the four 224x224 estimates (8-10 s each: ~39 s after a run of 1 s) are
+    # left out, the 32x16 ones stay
+    assert cli.main(["course", str(root), "--cases", "conv2d-small-c128-c128", "-j", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert "nki-verify course: 4 large graded configurations not estimated (--cases did not " \
+        "select them; nki-verify bench estimates any)" in err
+    assert "estimating the latency of 4 configurations" in err
+    estimates = out[out.index("latency estimates"):].split("\n\n")[0].splitlines()[1:]
+    assert [line.split(":")[0].strip() for line in estimates] == [
+        f"conv2d B=1 256->256 32x16 k=3 bias pool={pool} {dtype}"
+        for pool in (1, 2) for dtype in ("float32", "float16")], out
