@@ -657,7 +657,12 @@ def run_selected(selected, args, refs, *, title="nki-verify", warned=None):
     selected = _with_dialects(selected, getattr(args, "dialect", None), backend)
     _import_user_kernels({case.kernel for case, _, _ in selected}, backend)
     jobs_n = args.jobs or _jobs_default()
-    print(f"{title}: {len(selected)} case runs on {backend.name} ({backend.target or 'device'})"
+    if jobs_n > _jobs_default() and len(selected) > 1:
+        print(f"{title}: warning: -j {jobs_n} is more than the {_jobs_default()} cores here: the "
+              "workers share them, and each holds its case in memory (about 1 GiB for a B=4 "
+              "224x224 image)", file=sys.stderr)
+    print(f"{title}: {len(selected)} case run{'s' * (len(selected) != 1)} on {backend.name} "
+          f"({backend.target or 'device'})"
           + (f", {jobs_n} at a time" if jobs_n > 1 and len(selected) > 1 else ""),
           file=sys.stderr)
     jobs = [(case.kernel, case.params, dt, case.seed(dt), case.dist, d)

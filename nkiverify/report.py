@@ -108,6 +108,12 @@ def _tool_version() -> str:
         return __version__
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 class Report:
     """The records of a session, in the order they were added, and the session's facts
     (``meta``: target, backend, interrupted, command)."""
@@ -206,6 +212,9 @@ class Report:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(self.to_dict(), f, indent=2)
                 f.write("\n")
+            # (mkstemp makes the file 0600: give it the mode a plain open() would, 0644 under
+            # the usual umask)
+            os.chmod(tmp, 0o666 & ~_umask())
             os.replace(tmp, path)
         except BaseException:
             try:

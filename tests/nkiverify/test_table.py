@@ -1,5 +1,9 @@
-"""The results tables of ``nki-verify``: ``err/allowed`` of a run whose output has NaN or
-never-written elements."""
+"""What ``nki-verify`` prints and writes around the cases: ``err/allowed`` of a run whose
+output has NaN or never-written elements, the progress count, the -j warning, the report
+file's mode."""
+
+import os
+import stat
 
 import pytest
 
@@ -62,3 +66,26 @@ def test_progress_counts_finished_runs_with_workers(capsys):
     err = capsys.readouterr().err
     counts = [line[1:line.index("]")] for line in err.splitlines() if line.startswith("[")]
     assert counts == [f"{k}/6" for k in range(1, 7)], err
+
+
+def test_more_workers_than_cores_is_a_warning_and_one_run_is_singular(capsys, monkeypatch):
+    monkeypatch.setattr(cli.os, "cpu_count", lambda: 2)
+    assert cli.main(["--cases", "naive-n64", "--dtypes", "float16", "-j", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "nki-verify: warning: -j 3 is more than the 2 cores here: the workers share them" \
+        in err
+    assert cli.main(["--cases", "naive-n64", "--dtypes", "float16", "--dialect", "beta1",
+                     "-j", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: -j" not in err
+    assert "nki-verify: 1 case run on nkisim (trn2)" in err.splitlines()
+
+
+def test_the_json_report_has_the_mode_of_a_plain_file(tmp_path):
+    old = os.umask(0o022)
+    try:
+        path = tmp_path / "r.json"
+        Report([]).to_json(path)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
