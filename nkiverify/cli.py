@@ -1397,8 +1397,39 @@ def _dims(text: str, n: int, what: str) -> list[int]:
     return dims
 
 
+BENCH_CONV_OPTIONS = {"pool": "--pool", "image": "--image", "batch": "--batch",
+                      "channels": "--channels", "filter": "--filter", "no_bias": "--no-bias"}
+BENCH_CONV_DEFAULTS = {"pool": 1, "image": "224x224", "batch": 1, "channels": "256x256",
+                       "filter": 3}
+
+
+def _bench_options_apply(args) -> None:
+    """A UsageError for bench options given that the kernel does not take (they were
+    ignored: ``bench transpose --image 32x16`` timed 1024x1024)."""
+    k = args.kernel
+
+    def given(dest):
+        return getattr(args, dest, None) not in (None, False)
+    size = {"n": "-n", "m": "-m", "shape": "--shape"}
+    if k == "conv2d":
+        bad = [opt for dest, opt in size.items() if given(dest)]
+    else:
+        bad = [opt for dest, opt in BENCH_CONV_OPTIONS.items() if given(dest)]
+        if k != "transpose" and given("m"):
+            bad.insert(0, "-m")
+    if bad:
+        raise UsageError(f"{', '.join(bad)}: not {'an option' if len(bad) == 1 else 'options'} "
+                         f"of {k} (see nki-verify bench -h)")
+    if k != "conv2d" and given("shape") and (given("n") or given("m")):
+        raise UsageError("--shape and -n/-m: give the size one way")
+
+
 def bench_params(args) -> dict:
     """The kernel parameters the bench options describe (UsageError naming the option)."""
+    _bench_options_apply(args)
+    for dest, value in BENCH_CONV_DEFAULTS.items():
+        if getattr(args, dest, None) is None:
+            setattr(args, dest, value)
     k = args.kernel
     if k in ("naive", "tiled", "stream"):
         n = args.n or (_dims(args.shape, 1, "--shape")[0] if args.shape else BENCH_DEFAULTS[k])
@@ -1609,11 +1640,12 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--dtypes", metavar="LIST", type=dtype_list,
                         help="only these dtypes (e.g. float16,bfloat16)")
 
-    def kernel_option(sp, dest="kernel"):
+    def kernel_option(sp, dest="kernel", repeatable=True):
         sp.add_argument("--kernel", dest=dest, action="append", metavar="[NAME=]PATH:FUNC",
-                        help="check your kernel instead of ours (repeatable), e.g. "
-                             "conv2d=part2/conv2d.py:fused_conv2d_maxpool; a file or a module; "
-                             "NAME may be left out for the course's function names")
+                        help=("check your kernel instead of ours (repeatable)" if repeatable
+                              else "your kernel instead of ours")
+                             + ", e.g. conv2d=part2/conv2d.py:fused_conv2d_maxpool; a file or "
+                             "a module; NAME may be left out for the course's function names")
 
     def running(sp):
         sp.add_argument("--backend", choices=RUN_BACKENDS, default="nkisim",
@@ -1662,13 +1694,14 @@ def _parser() -> argparse.ArgumentParser:
     cs.add_argument("name", metavar="KERNEL", help="kernel name (naive, ..., conv2d, yours)")
     cs.add_argument("--params", required=True,
                     help="KEY=VALUE,... e.g. batch=1,c_in=128,... (each kernel's keys below)")
-    cs.add_argument("--dtype", type=dtype_arg, default="float32")
-    cs.add_argument("--seed", type=int, default=0)
+    cs.add_argument("--dtype", type=dtype_arg, default="float32",
+                    help="float32 (default), float16, bfloat16")
+    cs.add_argument("--seed", type=int, default=0, help="the inputs' seed (default 0)")
     cs.add_argument("--dist", choices=registry.DISTS, default="uniform")
     cs.add_argument("--backend", choices=RUN_BACKENDS, default="nkisim")
     cs.add_argument("--target", default=None)
     dialect_option(cs, choices=("beta1", "nki"), default="beta1")
-    kernel_option(cs)
+    kernel_option(cs, repeatable=False)
     cs.set_defaults(fn=cmd_case)
 
     ls = sub.add_parser("list", help="list the cases")
@@ -1678,19 +1711,19 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="estimate one kernel's latency, MFU and bottleneck")
     b.add_argument("kernel", nargs="?", metavar="KERNEL",
                    help="naive, tiled, stream, transpose or conv2d (or from --kernel)")
-    kernel_option(b, dest="kernel_ref")
+    kernel_option(b, dest="kernel_ref", repeatable=False)
     b.add_argument("-n", "--n", type=positive_int, help="vector length / matrix width")
     b.add_argument("-m", "--m", type=positive_int, help="matrix height (default: n)")
     b.add_argument("--shape", help="vector: N; transpose: MxN")
     b.add_argument("--dtype", type=dtype_arg, default="float32",
                    help="float32 (default), float16, bfloat16")
-    b.add_argument("--pool", type=positive_int, default=1,
+    b.add_argument("--pool", type=positive_int,
                    help="conv2d max-pool size (default 1)")
-    b.add_argument("--image", default="224x224", help="conv2d image HxW (default 224x224)")
-    b.add_argument("--batch", type=positive_int, default=1, help="conv2d batch (default 1)")
-    b.add_argument("--channels", default="256x256",
+    b.add_argument("--image", help="conv2d image HxW (default 224x224)")
+    b.add_argument("--batch", type=positive_int, help="conv2d batch (default 1)")
+    b.add_argument("--channels",
                    help="conv2d C_in x C_out, multiples of 128 (default 256x256)")
-    b.add_argument("--filter", type=positive_int, default=3,
+    b.add_argument("--filter", type=positive_int,
                    help="conv2d filter size K (default 3)")
     b.add_argument("--no-bias", action="store_true", help="conv2d bias of zeros")
     b.add_argument("--target", default=None)

@@ -157,3 +157,28 @@ def test_an_element_of_a_cases_list_that_matches_nothing_is_warned(part1, capsys
     err = capsys.readouterr().err
     assert "nki-verify: warning: --cases: 'transpose-4096x4096' is a large case, which --quick " \
         "skips" in err
+
+
+# ---- bench options the kernel does not take; --kernel help (F17) ----------------------------
+
+@pytest.mark.parametrize("argv,options", [
+    (["transpose", "--image", "32x16"], "--image: not an option of transpose"),
+    (["stream", "--pool", "2"], "--pool: not an option of stream"),
+    (["tiled", "-m", "256", "--no-bias"], "-m, --no-bias: not options of tiled"),
+    (["conv2d", "-n", "4096"], "-n: not an option of conv2d"),
+    (["transpose", "--shape", "1024x512", "-n", "128"], "--shape and -n/-m: give the size one way"),
+])
+def test_bench_options_the_kernel_does_not_take_are_a_usage_error(capsys, argv, options):
+    _usage_error(capsys, ["bench", *argv], f"nki-verify bench: error: {options}")
+
+
+def test_bench_and_case_help_do_not_call_kernel_repeatable(capsys):
+    for command in ("bench", "case"):
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        assert "--kernel [NAME=]PATH:FUNC your kernel instead of ours" in text
+        assert "(repeatable)" not in text
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    assert "(repeatable)" in capsys.readouterr().out
