@@ -34,7 +34,8 @@ Warnings raised while the cases run are printed once per source line, after the 
 the number of runs that raised them.
 
 Exit status: 0 every case passed, 1 a case failed (or raised), 2 a usage error (the message
-names the argument). The JSON report format is documented in docs/report-schema.md.
+names the argument), 130 interrupted (Ctrl-C: the workers stop at once, the results so far are
+printed). The JSON report format is documented in docs/report-schema.md.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ from .fixtures.configs import (  # noqa: E402
 )
 
 RUN_BACKENDS = ("nkisim", "neuronxcc", "device")
+INTERRUPTED = 130       # the exit status after a Ctrl-C (128 + SIGINT), as a shell reports it
 TARGETS = ("trn1", "trn2")
 _CASE_IDS = {c.id for c in CASES}
 
@@ -195,25 +197,31 @@ def _table(header, rows, right_from=2):
 
 
 class _Progress:
-    """One line per case as it starts and as it finishes (stderr)."""
+    """One line per case as it starts and as it finishes (stderr), counted: ``[k/total]`` is
+    the k-th run to start (start lines, one worker) or to finish, so the count rises
+    monotonically whatever order the runs end in (with -j N the largest cases start first and
+    the runs end out of order; the case's index said nothing of how far along the run was)."""
 
     def __init__(self, total, stream=None, parallel=False):
         self.total = total
         self.stream = stream or sys.stderr
         self.tty = not parallel and hasattr(self.stream, "isatty") and self.stream.isatty()
         self.width = len(str(total))
+        self.started = self.done = 0
 
     def start(self, i, label):
-        text = f"[{i:>{self.width}}/{self.total}] {label} ..."
+        self.started += 1
+        text = f"[{self.started:>{self.width}}/{self.total}] {label} ..."
         self.stream.write(text + (" " if self.tty else "\n"))
         self.stream.flush()
 
     def finish(self, i, label, verdict, seconds):
+        self.done += 1
         text = f"{verdict} ({seconds:.1f} s)"
         if self.tty:
             self.stream.write(text + "\n")
         else:
-            self.stream.write(f"[{i:>{self.width}}/{self.total}] {label} {text}\n")
+            self.stream.write(f"[{self.done:>{self.width}}/{self.total}] {label} {text}\n")
         self.stream.flush()
 
 
@@ -451,13 +459,17 @@ def _run_jobs(jobs, labels, refs, backend, jobs_n, progress):
     ctx = multiprocessing.get_context("fork" if sys.platform.startswith("linux") else "spawn")
     pool = cf.ProcessPoolExecutor(max_workers=jobs_n, mp_context=ctx, initializer=_worker_init,
                                   initargs=(list(refs or ()), backend.name, backend.target))
+    futures = {}
     try:
-        futures = {}
-        # the largest cases first (longest-processing-time order): the 224x224 conv2d cases
-        # start at once on every worker and the small ones fill in at the end, instead of a
-        # large case starting last and running alone (results keep the cases' order)
-        for group in sorted(groups, key=lambda g: -sum(_work(jobs[i]) for i in g)):
-            futures[pool.submit(_run_group, [jobs[i] for i in group])] = group
+        # the workers start at the first submit: with SIGINT ignored here they inherit that
+        # (a Ctrl-C before a worker's initializer ran would print its traceback)
+        with _sigint_ignored():
+            # the largest cases first (longest-processing-time order): the 224x224 conv2d
+            # cases start at once on every worker and the small ones fill in at the end,
+            # instead of a large case starting last and running alone (results keep the
+            # cases' order)
+            for group in sorted(groups, key=lambda g: -sum(_work(jobs[i]) for i in g)):
+                futures[pool.submit(_run_group, [jobs[i] for i in group])] = group
         for fut in cf.as_completed(futures):
             group = futures[fut]
             try:
@@ -471,11 +483,44 @@ def _run_jobs(jobs, labels, refs, backend, jobs_n, progress):
                 progress.finish(i + 1, labels[i], _verdict(result), result["elapsed_s"])
     except KeyboardInterrupt:
         interrupted = True
-        for fut in futures:
-            fut.cancel()
     finally:
-        pool.shutdown(wait=not interrupted, cancel_futures=True)
+        _stop_pool(pool, terminate=interrupted)
     return results, interrupted
+
+
+@contextlib.contextmanager
+def _sigint_ignored():
+    """SIGINT ignored (a Ctrl-C is dropped) inside, in the main thread; elsewhere a no-op."""
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def _stop_pool(pool, terminate: bool) -> None:
+    """Shut the worker pool down. ``terminate`` (after a Ctrl-C): end the workers at once,
+    not after their running cases (a 224x224 case runs for a minute); Python's own shutdown
+    would wait for them at exit, and a second Ctrl-C there hung (a traceback from
+    concurrent.futures, the workers left running). SIGINT is ignored meanwhile, so a second
+    Ctrl-C cannot break the shutdown half way."""
+    with _sigint_ignored():
+        if terminate:
+            procs = list((getattr(pool, "_processes", None) or {}).values())
+            for proc in procs:
+                with contextlib.suppress(Exception):
+                    proc.terminate()
+            for proc in procs:
+                with contextlib.suppress(Exception):
+                    proc.join(timeout=5)
+                    if proc.is_alive():
+                        proc.kill()
+                        proc.join(timeout=5)
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _work(job) -> float:
@@ -509,8 +554,9 @@ def _show_ulp(result) -> bool:
 
 
 def _row_cells(case_id, dtype, source, result):
+    from .report import shown_ratio
     stats = result["stats"] if result else {}
-    ratio = stats.get("max_ratio")
+    ratio = shown_ratio(stats)
     ulp = (stats.get("ulp") or {}).get("max") if result and _show_ulp(result) else None
     return (case_id, dtype, source, _verdict(result), _fmt(ratio, ".3g"),
             _fmt((stats.get("abs") or {}).get("max"), ".2e"),
@@ -567,24 +613,38 @@ def _backend_or_usage(name, target):
 
 
 def _import_user_kernels(kernels, backend) -> None:
-    """Import each user kernel's module once, up front: a package it imports that is not
-    installed is one usage error naming it, not an ERROR row for every case."""
+    """Import each user kernel's module once, up front: a file that does not import (a syntax
+    error, an error at import, no such function) or imports a package that is not installed is
+    one usage error naming it, not an ERROR row for every case."""
     for name in sorted(kernels):
         spec = registry.KERNELS.get(name)
         if spec is None or spec.source == "shipped" or spec.kernel is not None:
             continue
-        try:
-            backend.load(spec.import_path)
-        except ModuleNotFoundError as exc:
-            missing = (exc.name or "").split(".")[0]
-            if missing in ("", "neuronxcc", "nki"):
-                continue             # (the backend's own business: each case says why)
-            module = spec.import_path.rpartition(":")[0]
-            raise UsageError(f"the {name} kernel: importing {module} failed: it imports "
-                             f"`{exc.name}`, which is not installed here "
-                             f"(pip install {missing}, or remove the import)") from None
-        except Exception:           # noqa: BLE001 - reported per case, with its traceback
-            continue
+        _load_or_usage(backend, spec, name)
+
+
+def _load_or_usage(backend, spec, name):
+    """``backend.load`` of a user's kernel; a failure is a UsageError (one line)."""
+    module = spec.import_path.rpartition(":")[0]
+    try:
+        return backend.load(spec.import_path)
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if missing in ("", "neuronxcc", "nki"):
+            return None              # (the backend's own business: each case says why)
+        raise UsageError(f"the {name} kernel: importing {module} failed: it imports "
+                         f"`{exc.name}`, which is not installed here "
+                         f"(pip install {missing}, or remove the import)") from None
+    except Exception as exc:       # noqa: BLE001 - a syntax error, no such function, ...
+        where = ""
+        if not isinstance(exc, SyntaxError):        # (a SyntaxError names its line)
+            lib = _library_dirs()
+            frames = [f for f in traceback.extract_tb(exc.__traceback__)
+                      if not f.filename.startswith(lib) and not f.filename.startswith("<")]
+            if frames:
+                where = f" ({os.path.basename(frames[-1].filename)}, line {frames[-1].lineno})"
+        raise UsageError(f"--kernel {name}={spec.import_path}: the kernel does not load: "
+                         f"{_one_line(exc)}{where}") from None
 
 
 def run_selected(selected, args, refs, *, title="nki-verify", warned=None):
@@ -597,7 +657,12 @@ def run_selected(selected, args, refs, *, title="nki-verify", warned=None):
     selected = _with_dialects(selected, getattr(args, "dialect", None), backend)
     _import_user_kernels({case.kernel for case, _, _ in selected}, backend)
     jobs_n = args.jobs or _jobs_default()
-    print(f"{title}: {len(selected)} case runs on {backend.name} ({backend.target or 'device'})"
+    if jobs_n > _jobs_default() and len(selected) > 1:
+        print(f"{title}: warning: -j {jobs_n} is more than the {_jobs_default()} cores here: the "
+              "workers share them, and each holds its case in memory (about 1 GiB for a B=4 "
+              "224x224 image)", file=sys.stderr)
+    print(f"{title}: {len(selected)} case run{'s' * (len(selected) != 1)} on {backend.name} "
+          f"({backend.target or 'device'})"
           + (f", {jobs_n} at a time" if jobs_n > 1 and len(selected) > 1 else ""),
           file=sys.stderr)
     jobs = [(case.kernel, case.params, dt, case.seed(dt), case.dist, d)
@@ -713,10 +778,24 @@ def _beyond_contract(case, target) -> bool:
 def cmd_run(args) -> int:
     check_report_path(args.report)
     specs = use_kernels(args.kernel)
-    kernels = {s.name for s in specs} if specs and not args.cases else None
+    # with --kernel only the given kernels run: --cases of other families would run ours
+    kernels = {s.name for s in specs} if specs else None
     selected = _select(args.cases, args.quick, args.dtypes, kernels=kernels)
+    others = _left_out(args, kernels)
+    unselected = _unselected(args, kernels)
     if not selected:
-        raise UsageError("--cases/--dtypes: no case matches the filters (see `nki-verify list`)")
+        if others:
+            raise UsageError(f"--cases/--dtypes: no case matches the filters for your --kernel "
+                             f"kernels ({', '.join(sorted(kernels))}); they select cases of "
+                             f"{', '.join(others)} only (see `nki-verify list`)")
+        raise _no_case_error(unselected)
+    _warn_unselected("nki-verify", unselected)
+    if others:
+        what = "; ".join(f"{k}: {', '.join(ids[:3])}" + (f" and {len(ids) - 3} more"
+                                                           if len(ids) > 3 else "")
+                         for k, ids in others.items())
+        print(f"nki-verify: --cases: left out the cases of kernels no --kernel gives ({what}): "
+              f"with --kernel only your kernels run", file=sys.stderr)
     _, failures, interrupted = run_selected(selected, args, args.kernel)
     # A user's kernel failing only cases beyond the course's contract passes, as in `course`;
     # its failures within the contract get the first reason and a rerun line on stdout, as
@@ -739,11 +818,76 @@ def cmd_run(args) -> int:
     if beyond:
         print(f"\n{len(beyond)} of the failures are beyond the course's contract for your "
               f"kernel (not required, docs/course-contract.md): {', '.join(beyond)}")
-    return 1 if len(failures) > len(beyond) or interrupted else 0
+    if interrupted:
+        return INTERRUPTED
+    return 1 if len(failures) > len(beyond) else 0
+
+
+def _patterns(text) -> list[str]:
+    return [p.strip() for p in (text or "").split(",") if p.strip()]
+
+
+def _unselected(args, kernels, *, every_dtype=False, whose=None) -> list[tuple[str, str]]:
+    """[(element, why)] for each element of ``--cases`` that selects no run under the other
+    filters (--quick, --dtypes, the kernels checked), and why. ``whose``: what to say of a
+    kernel family outside ``kernels`` ("which ..."); None: leave such elements out (said
+    elsewhere)."""
+    out = []
+    dtypes = getattr(args, "dtypes", None)
+    for p in _patterns(args.cases):
+        if _select(p, args.quick, dtypes, kernels=kernels, every_dtype=every_dtype):
+            continue
+        matched = [c for c in CASES if _matches(c, p)]
+        ours = [c for c in matched if kernels is None or c.kernel in kernels]
+        if not matched:
+            why = "matches no case"
+        elif not ours:
+            if whose is None:
+                continue
+            families = ", ".join(dict.fromkeys(c.kernel for c in matched))
+            why = f"matches only cases of {families}, which {whose}"
+        elif args.quick and all(c.slow for c in ours):
+            why = ("is a large case, which --quick skips" if len(ours) == 1 and p == ours[0].id
+                   else "matches only large cases, which --quick skips")
+        else:
+            why = f"matches no case in --dtypes {','.join(dtypes or ())}"
+        out.append((p, why))
+    return out
+
+
+def _no_case_error(unselected) -> UsageError:
+    """The usage error of a selection with no run, naming why each --cases element selects
+    none (when it is more than "matches no case")."""
+    detail = "; ".join(f"{p} {why}" for p, why in unselected if why != "matches no case")
+    return UsageError("--cases/--dtypes: no case matches the filters"
+                      + (f" ({detail})" if detail else "") + " (see `nki-verify list`)")
+
+
+def _warn_unselected(prog, unselected) -> None:
+    """One line on stderr for each --cases element that selects nothing (the others ran)."""
+    for p, why in unselected:
+        print(f"{prog}: warning: --cases: {p!r} {why}"
+              + (" (see `nki-verify list`)" if why == "matches no case" else ""),
+              file=sys.stderr)
+
+
+def _left_out(args, kernels) -> dict:
+    """{kernel: [case ids]} that ``--cases`` selects of kernels the ``--kernel`` options do not
+    give (those runs are left out: with ``--kernel`` only the given kernels run)."""
+    others: dict = {}
+    if kernels is None or not args.cases:
+        return others
+    for case, _ in _select(args.cases, args.quick, args.dtypes):
+        if case.kernel not in kernels:
+            ids = others.setdefault(case.kernel, [])
+            if case.id not in ids:
+                ids.append(case.id)
+    return others
 
 
 def cmd_list(args) -> int:
     selected = _select(args.cases, args.quick, args.dtypes)
+    _warn_unselected("nki-verify list", _unselected(args, None))
     rows = []
     seen = set()
     for case, _ in selected:
@@ -840,6 +984,7 @@ def cmd_case(args) -> int:
                          f"{', '.join(registry.KERNELS)}")
     params = parse_params(args.params, args.name)
     backend = _backend_or_usage(args.backend, args.target)
+    _import_user_kernels({args.name}, backend)
     _WORKER["backend"] = backend
     spec = registry.KERNELS[args.name]
     dialect = args.dialect if spec.source == "shipped" else None
@@ -901,6 +1046,24 @@ def find_course_kernels(root: str) -> tuple[list[str], list[str]]:
         raise UsageError(f"DIR {root}: neither part1/kernels.py nor part2/conv2d.py defines a "
                          "course kernel; give the assignment checkout's top folder")
     return refs, notes
+
+
+def missing_course_kernels(root: str, target: str) -> list[tuple[str, str]]:
+    """[(kernel family, why)] of the course's kernels (on ``target``) that the checkout does
+    not define: its file not found, or the function not in it. (The trn1 course's part 1 has
+    no transpose.)"""
+    out = []
+    for rel, funcs in COURSE_FILES.items():
+        path = os.path.join(root, rel)
+        defined = _defined_functions(path) if os.path.isfile(path) else None
+        for func in funcs:
+            if func == "matrix_transpose" and target == "trn1":
+                continue
+            if defined is None:
+                out.append((registry.COURSE_FUNCTIONS[func], f"{rel} not found"))
+            elif func not in defined:
+                out.append((registry.COURSE_FUNCTIONS[func], f"no {func} in {rel}"))
+    return out
 
 
 # The trn1 course's Part 1 runner (asst4-trainium: part1/vec_add.py) against trn2's
@@ -972,13 +1135,24 @@ def _latency_caveat(kernel, params, dtype, records, target) -> str:
     return f" (but {'; '.join(notes)})" if notes else ""
 
 
-def _course_latencies(args, quick: bool, checked=None):
+def _config_key(kernel, params, dtype):
+    return kernel, tuple(sorted(params.items())), dtype
+
+
+def _large_config(kernel, params, dtype) -> bool:
+    """A configuration whose estimate takes seconds: the 224x224 images, the 4096^2 transpose."""
+    return params.get("height", 0) >= 224 or params.get("m", 0) >= 4096
+
+
+def _course_latencies(args, quick: bool, checked=None, out=None):
     """[(label, us, verdict line, (kernel, params, dtype))] for the graded configurations of
-    the kernels in use (``checked``: only those, when ``--cases`` left the others out)."""
-    out = []
+    the kernels in use (``checked``: the (case, dtype) runs ``--cases`` selected: only their
+    kernels, and their large configurations only among them), appended to ``out`` as they
+    are estimated (a Ctrl-C keeps those)."""
+    out = [] if out is None else out
     families = {n for n, s in registry.KERNELS.items() if s.source not in ("shipped", "user")}
     if checked is not None:
-        families &= set(checked)
+        families &= {case.kernel for case, _ in checked}
     configs = []
     if "conv2d" in families:
         for pool in (1, 2):
@@ -989,6 +1163,18 @@ def _course_latencies(args, quick: bool, checked=None):
                                                "bias": True, "pool": pool}, dtype))
     if "transpose" in families and not quick:
         configs.append(("transpose", {"m": 4096, "n": 4096}, "float32"))
+    if checked is not None:
+        # the large configurations (224x224, 4096x4096) only when --cases selects them: their
+        # estimates took 8-10 s each after a --cases run of two small cases (the small ones
+        # take a fraction of a second, and say what stands before their grade)
+        wanted = {_config_key(case.kernel, case.params, dt) for case, dt in checked}
+        left = [c for c in configs if _large_config(*c) and _config_key(*c) not in wanted]
+        configs = [c for c in configs if c not in left]
+        if left:
+            print(f"nki-verify course: {len(left)} large graded configuration"
+                  f"{'s' * (len(left) != 1)} not estimated (--cases did not select "
+                  f"{'them' if len(left) != 1 else 'it'}; nki-verify bench estimates any)",
+                  file=sys.stderr)
     from nkisim import runtime
     backend = get_backend("nkisim", target=args.target)
     if configs:
@@ -1069,12 +1255,24 @@ def cmd_course(args) -> int:
         print(f"  note: {note}", file=sys.stderr)
     kernels = {s.name for s in specs}
     selected = _select(args.cases, args.quick, None, kernels=kernels, every_dtype=True)
+    unselected = _unselected(args, kernels, every_dtype=True,
+                             whose="the checkout does not define")
+    if not selected:
+        raise _no_case_error(unselected)
+    _warn_unselected("nki-verify course", unselected)
     warned: set = set()         # (the latency runs below print only the warnings not seen)
     report, failures, interrupted = run_selected(selected, args, refs,
                                                  title="nki-verify course", warned=warned)
+    latencies = []
     with warnings.catch_warnings(record=True) as caught:
-        latencies = [] if interrupted else _course_latencies(
-            args, args.quick, {case.kernel for case, _ in selected} if args.cases else None)
+        if not interrupted:
+            try:
+                _course_latencies(args, args.quick, selected if args.cases else None,
+                                  out=latencies)
+            except KeyboardInterrupt:
+                interrupted = True
+                print("\nnki-verify course: interrupted; the latency estimates so far:",
+                      file=sys.stderr)
     _print_warnings([("the latency estimates", _distinct_warnings(caught))], warned)
 
     print("\n==== summary ====")
@@ -1091,9 +1289,12 @@ def cmd_course(args) -> int:
             by_id(case_id).kernel, []).append((label, message))
     for items in by_kernel.values():        # the course's own configurations first
         items.sort(key=lambda item: not course_own(*item[0].split()))
-    summary = {"dir": root, "target": args.target, "kernels": [], "latency": []}
+    missing = missing_course_kernels(root, args.target)
+    summary = {"dir": root, "target": args.target, "kernels": [], "latency": [],
+               "not_found": [{"kernel": k, "why": why} for k, why in missing]}
     for spec in specs:
         recs = [r for r in report.records if r.kernel == spec.name]
+        planned = sum(case.kernel == spec.name for case, _ in selected)
         ok = sum(r.passed for r in recs)
         # the configurations the course's own harness runs, our extra cases within the
         # course's contract, and those beyond it
@@ -1103,9 +1304,12 @@ def cmd_course(args) -> int:
              extra if required(r.case_id) else more).append(r)
         status = "----" if not recs else "PASS" if all(r.passed for r in course + extra) \
             else "FAIL"
+        if status == "PASS" and len(recs) < planned:
+            status = "----"             # (interrupted: not every run of it ran)
         summary["kernels"].append({
             "kernel": spec.name, "file": os.path.relpath(spec.import_path, root),
-            "verdict": "not checked" if not recs else status, "passed": ok, "cases": len(recs),
+            "verdict": "not checked" if not recs else "interrupted" if status == "----"
+            else status, "passed": ok, "cases": len(recs),
             **{key: {"passed": sum(r.passed for r in group), "cases": len(group),
                      "case_runs": [f"{r.case_id} {r.dtype}" for r in group]}
                for key, group in (("course_configurations", course), ("extra", extra),
@@ -1119,9 +1323,16 @@ def cmd_course(args) -> int:
             if more:
                 split += (f", beyond the course's contract {sum(r.passed for r in more)}/"
                           f"{len(more)} (not required)")
+        why = ""
+        if not recs:
+            why = "  not checked (interrupted)" if interrupted and planned else \
+                "  not checked (--cases)"
+        elif len(recs) < planned:
+            why = f"; {planned - len(recs)} of its {planned} case runs not run (interrupted)"
         print(f"{status}  {spec.name:<9} {ok}/{len(recs)} cases  "
-              f"({os.path.relpath(spec.import_path, root)}){split}"
-              + ("  not checked (--cases)" if not recs else ""))
+              f"({os.path.relpath(spec.import_path, root)}){split}{why}")
+    for kernel, why in missing:
+        print(f"----  {kernel:<9} not checked ({why})")
     if latencies:
         print("\nlatency estimates (nkisim cost model, the course's thresholds):")
         for label, us, verdict, config in latencies:
@@ -1131,24 +1342,36 @@ def cmd_course(args) -> int:
             summary["latency"].append({"configuration": label, "estimate_us": us,
                                        "verdict": verdict, "caveat": caveat.strip(" ()")
                                        or None})
+    scope = ""
+    if args.cases or args.quick:
+        # only the selected runs were checked: say so, not "every case" (of the course)
+        whole = len(_select(None, False, None, kernels=kernels, every_dtype=True))
+        by = " and ".join(["--cases"] * bool(args.cases) + ["--quick"] * args.quick)
+        scope = (f"{len(selected)} of the course's {whole} case "
+                 f"run{'s' * (whole != 1)} selected by {by}; the others were not run")
     if by_kernel:
         print("\nfix first:")
         for line in _advice(by_kernel, args.target, args.backend):
             print(line)
+        if scope and not interrupted:
+            print(f"\n({scope})")
+    elif not interrupted and missing:
+        # not "every case the course requires": a kernel of the course is not there
+        print("\nevery case run that was checked passed" + (f" ({scope})" if scope else "")
+              + f", but the course's {', '.join(k for k, _ in missing)} "
+              f"kernel{'s' * (len(missing) > 1)} {'were' if len(missing) > 1 else 'was'} not "
+              "found (not checked)")
     elif not interrupted:
-        if args.cases or args.quick:
-            # only the selected runs were checked: say so, not "every case" (of the course)
-            whole = len(_select(None, False, None, kernels=kernels, every_dtype=True))
-            by = " and ".join(["--cases"] * bool(args.cases) + ["--quick"] * args.quick)
-            print(f"\nevery case run that the course requires passed ({len(selected)} of the "
-                  f"course's {whole} case runs selected by {by}; the others were not run)")
-        else:
-            print("\nevery case the course requires passed")
+        print(f"\nevery case run that the course requires passed ({scope})" if scope
+              else "\nevery case the course requires passed")
     if beyond:
         print("\nbeyond the course's contract (not required; docs/course-contract.md):")
         for line in _advice(beyond, args.target, args.backend):
             print(line)
-    status = 1 if by_kernel or interrupted else 0
+    if interrupted:
+        print("\ninterrupted: not every selected case run ran (the summary covers those that "
+              "did)")
+    status = INTERRUPTED if interrupted else 1 if by_kernel else 0
     if args.report:             # the course's verdicts and estimates too (docs/report-schema.md)
         report.meta["course"] = {**summary, "exit_status": status}
         report.to_json(args.report)
@@ -1174,8 +1397,39 @@ def _dims(text: str, n: int, what: str) -> list[int]:
     return dims
 
 
+BENCH_CONV_OPTIONS = {"pool": "--pool", "image": "--image", "batch": "--batch",
+                      "channels": "--channels", "filter": "--filter", "no_bias": "--no-bias"}
+BENCH_CONV_DEFAULTS = {"pool": 1, "image": "224x224", "batch": 1, "channels": "256x256",
+                       "filter": 3}
+
+
+def _bench_options_apply(args) -> None:
+    """A UsageError for bench options given that the kernel does not take (they were
+    ignored: ``bench transpose --image 32x16`` timed 1024x1024)."""
+    k = args.kernel
+
+    def given(dest):
+        return getattr(args, dest, None) not in (None, False)
+    size = {"n": "-n", "m": "-m", "shape": "--shape"}
+    if k == "conv2d":
+        bad = [opt for dest, opt in size.items() if given(dest)]
+    else:
+        bad = [opt for dest, opt in BENCH_CONV_OPTIONS.items() if given(dest)]
+        if k != "transpose" and given("m"):
+            bad.insert(0, "-m")
+    if bad:
+        raise UsageError(f"{', '.join(bad)}: not {'an option' if len(bad) == 1 else 'options'} "
+                         f"of {k} (see nki-verify bench -h)")
+    if k != "conv2d" and given("shape") and (given("n") or given("m")):
+        raise UsageError("--shape and -n/-m: give the size one way")
+
+
 def bench_params(args) -> dict:
     """The kernel parameters the bench options describe (UsageError naming the option)."""
+    _bench_options_apply(args)
+    for dest, value in BENCH_CONV_DEFAULTS.items():
+        if getattr(args, dest, None) is None:
+            setattr(args, dest, value)
     k = args.kernel
     if k in ("naive", "tiled", "stream"):
         n = args.n or (_dims(args.shape, 1, "--shape")[0] if args.shape else BENCH_DEFAULTS[k])
@@ -1270,7 +1524,10 @@ def cmd_bench(args) -> int:
         spec = spec.for_dialect(args.dialect)
     backend = _backend_or_usage(args.backend, args.target)
     inputs = spec.inputs(params, dtype, seed=0, dist="uniform")
-    kernel = backend.load(spec.import_path)
+    kernel = backend.load(spec.import_path) if spec.source == "shipped" or \
+        spec.kernel is not None else _load_or_usage(backend, spec, args.kernel)
+    if kernel is None:
+        kernel = backend.load(spec.import_path)     # (a missing neuronxcc/nki: its own error)
     what = f"{args.kernel} ({spec.import_path}) {_describe(args.kernel, params, dtype)}"
     t0 = time.perf_counter()
     if args.backend == "device":
@@ -1383,11 +1640,12 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--dtypes", metavar="LIST", type=dtype_list,
                         help="only these dtypes (e.g. float16,bfloat16)")
 
-    def kernel_option(sp, dest="kernel"):
+    def kernel_option(sp, dest="kernel", repeatable=True):
         sp.add_argument("--kernel", dest=dest, action="append", metavar="[NAME=]PATH:FUNC",
-                        help="check your kernel instead of ours (repeatable), e.g. "
-                             "conv2d=part2/conv2d.py:fused_conv2d_maxpool; a file or a module; "
-                             "NAME may be left out for the course's function names")
+                        help=("check your kernel instead of ours (repeatable)" if repeatable
+                              else "your kernel instead of ours")
+                             + ", e.g. conv2d=part2/conv2d.py:fused_conv2d_maxpool; a file or "
+                             "a module; NAME may be left out for the course's function names")
 
     def running(sp):
         sp.add_argument("--backend", choices=RUN_BACKENDS, default="nkisim",
@@ -1436,13 +1694,14 @@ def _parser() -> argparse.ArgumentParser:
     cs.add_argument("name", metavar="KERNEL", help="kernel name (naive, ..., conv2d, yours)")
     cs.add_argument("--params", required=True,
                     help="KEY=VALUE,... e.g. batch=1,c_in=128,... (each kernel's keys below)")
-    cs.add_argument("--dtype", type=dtype_arg, default="float32")
-    cs.add_argument("--seed", type=int, default=0)
+    cs.add_argument("--dtype", type=dtype_arg, default="float32",
+                    help="float32 (default), float16, bfloat16")
+    cs.add_argument("--seed", type=int, default=0, help="the inputs' seed (default 0)")
     cs.add_argument("--dist", choices=registry.DISTS, default="uniform")
     cs.add_argument("--backend", choices=RUN_BACKENDS, default="nkisim")
     cs.add_argument("--target", default=None)
     dialect_option(cs, choices=("beta1", "nki"), default="beta1")
-    kernel_option(cs)
+    kernel_option(cs, repeatable=False)
     cs.set_defaults(fn=cmd_case)
 
     ls = sub.add_parser("list", help="list the cases")
@@ -1452,19 +1711,19 @@ def _parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="estimate one kernel's latency, MFU and bottleneck")
     b.add_argument("kernel", nargs="?", metavar="KERNEL",
                    help="naive, tiled, stream, transpose or conv2d (or from --kernel)")
-    kernel_option(b, dest="kernel_ref")
+    kernel_option(b, dest="kernel_ref", repeatable=False)
     b.add_argument("-n", "--n", type=positive_int, help="vector length / matrix width")
     b.add_argument("-m", "--m", type=positive_int, help="matrix height (default: n)")
     b.add_argument("--shape", help="vector: N; transpose: MxN")
     b.add_argument("--dtype", type=dtype_arg, default="float32",
                    help="float32 (default), float16, bfloat16")
-    b.add_argument("--pool", type=positive_int, default=1,
+    b.add_argument("--pool", type=positive_int,
                    help="conv2d max-pool size (default 1)")
-    b.add_argument("--image", default="224x224", help="conv2d image HxW (default 224x224)")
-    b.add_argument("--batch", type=positive_int, default=1, help="conv2d batch (default 1)")
-    b.add_argument("--channels", default="256x256",
+    b.add_argument("--image", help="conv2d image HxW (default 224x224)")
+    b.add_argument("--batch", type=positive_int, help="conv2d batch (default 1)")
+    b.add_argument("--channels",
                    help="conv2d C_in x C_out, multiples of 128 (default 256x256)")
-    b.add_argument("--filter", type=positive_int, default=3,
+    b.add_argument("--filter", type=positive_int,
                    help="conv2d filter size K (default 3)")
     b.add_argument("--no-bias", action="store_true", help="conv2d bias of zeros")
     b.add_argument("--target", default=None)
@@ -1495,6 +1754,10 @@ def main(argv=None) -> int:
     except UsageError as exc:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # (a Ctrl-C where no partial result is worth printing: loading, bench, case)
+        print(f"\n{prog}: interrupted", file=sys.stderr)
+        return INTERRUPTED
     except BrokenPipeError:
         # `nki-verify list | head`: the reader left; say nothing more (and let Python's exit
         # flush not raise again).

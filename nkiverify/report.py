@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import tempfile
 from dataclasses import asdict, dataclass, fields
@@ -79,6 +80,16 @@ def _stat(record, metric, key=None):
     return (value or {}).get(key)
 
 
+def shown_ratio(stats) -> float | None:
+    """``err/allowed`` as the tables show it: ``max_ratio``, which covers the finite outputs
+    only, or inf when an output is NaN/inf where the golden is finite (never written, or an
+    overflow: beyond any allowed error), so a failing run never shows a figure below 1."""
+    stats = stats or {}
+    if stats.get("nan_count"):
+        return math.inf
+    return stats.get("max_ratio")
+
+
 def _max(values):
     values = [v for v in values if v is not None]
     return max(values) if values else None
@@ -95,6 +106,12 @@ def _tool_version() -> str:
     except Exception:  # pragma: no cover - not installed (running from a checkout)
         from nkisim import __version__
         return __version__
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 class Report:
@@ -114,15 +131,19 @@ class Report:
     def sorted(self, sort_records) -> Report:
         return Report(sort_records(self.records), self.meta)
 
-    def rows(self):
-        """One ``ReportRow`` per (kernel, dtype), in order of first appearance."""
-        groups = {}
+    def _groups(self) -> dict:
+        """{(kernel label, dtype): [records]}, in order of first appearance."""
+        groups: dict = {}
         for record in self.records:
             # the current-dialect twin of a kernel is a row of its own: "conv2d[nki]"
             label = f"{record.kernel}[nki]" if record.dialect == "nki" else record.kernel
             groups.setdefault((label, record.dtype), []).append(record)
+        return groups
+
+    def rows(self):
+        """One ``ReportRow`` per (kernel, dtype), in order of first appearance."""
         rows = []
-        for (kernel, dtype), records in groups.items():
+        for (kernel, dtype), records in self._groups().items():
             passed = sum(r.passed for r in records)
             rows.append(ReportRow(
                 kernel=kernel,
@@ -140,14 +161,16 @@ class Report:
     def format_table(self):
         """Aligned plain-text table: a header line, a rule, one line per (kernel, dtype)."""
         cells = [COLUMNS]
-        for row in self.rows():
+        for row, records in zip(self.rows(), self._groups().values()):
+            # (inf where a run's output has NaN/inf: ``shown_ratio``; the JSON keeps max_ratio)
+            ratio = _max(shown_ratio(r.stats) for r in records)
             cells.append((
                 row.kernel,
                 row.dtype,
                 str(row.cases),
                 str(row.passed),
                 f"{100 * row.pass_rate:.1f}%",
-                _format_number(row.max_ratio, ".3g"),
+                _format_number(ratio, ".3g"),
                 _format_number(row.max_abs, ".2e"),
                 _format_number(row.max_rel, ".2e"),
                 _format_number(row.max_ulp, ".3g"),
@@ -189,6 +212,9 @@ class Report:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(self.to_dict(), f, indent=2)
                 f.write("\n")
+            # (mkstemp makes the file 0600: give it the mode a plain open() would, 0644 under
+            # the usual umask)
+            os.chmod(tmp, 0o666 & ~_umask())
             os.replace(tmp, path)
         except BaseException:
             try:

@@ -258,7 +258,9 @@ def test_cases_beyond_the_course_contract_do_not_fail_the_course(tmp_path):
     # (tiled-n25600 is a course configuration in float32; in fp16 and bf16 an extra case)
     assert "course configurations 1/1, extra cases 2/2, beyond the course's contract 0/3 " \
         "(not required)" in r.stdout
-    assert "every case run that the course requires passed (6 of the course's " in r.stdout
+    # (this checkout defines only vector_add_tiled: the other course kernels are not found)
+    assert "every case run that was checked passed (6 of the course's " in r.stdout
+    assert "but the course's naive, stream, transpose, conv2d kernels were not found" in r.stdout
     assert "beyond the course's contract (not required; docs/course-contract.md):" in r.stdout
     assert "fix first:" not in r.stdout
 
