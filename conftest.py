@@ -21,6 +21,12 @@ import pytest
 # `--run-slow`.
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "shipped_kernel(family): tests our own kernel of that family directly; "
+        "skipped when --nki-kernel gives yours for it")
+
+
 def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true", default=False,
                      help="also run the tests marked slow (deselected by default)")
@@ -32,6 +38,7 @@ def _runs_slow(config) -> bool:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
+    _skip_our_kernels_tests(config, items)
     if _runs_slow(config):
         return
     slow = [item for item in items if item.get_closest_marker("slow") is not None]
@@ -39,6 +46,21 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=slow)
         keep = set(map(id, slow))
         items[:] = [item for item in items if id(item) not in keep]
+
+
+def _skip_our_kernels_tests(config, items):
+    """Under `--nki-kernel conv2d=...` the tests of our own conv2d module (test_conv2d_kernel,
+    test_conv2d_timeline) would pass whatever your kernel does: they are skipped, saying so."""
+    if not config.getoption("nki_kernel", None):
+        return
+    from nkiverify import registry
+    yours = {name for name, spec in registry.KERNELS.items()
+             if spec is not registry.SHIPPED.get(name)}
+    for item in items:
+        mark = item.get_closest_marker("shipped_kernel")
+        if mark is not None and mark.args[0] in yours:
+            item.add_marker(pytest.mark.skip(
+                reason=f"tests our own {mark.args[0]} kernel, not yours (--nki-kernel)"))
 
 
 def pytest_report_header(config):

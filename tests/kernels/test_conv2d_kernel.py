@@ -20,7 +20,8 @@ from kernels import conv2d_common  # noqa: E402
 from kernels.conv2d import fused_conv2d_maxpool  # noqa: E402
 
 # tests without a dtype parameter run float32 inputs (for --nki-dtypes / tox -e fp16)
-pytestmark = [pytest.mark.simulate, pytest.mark.nki_dtype("float32")]
+pytestmark = [pytest.mark.simulate, pytest.mark.shipped_kernel("conv2d"),
+              pytest.mark.nki_dtype("float32")]
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = {"float32": np.dtype(np.float32), "float16": np.dtype(np.float16), "bfloat16": BF16}

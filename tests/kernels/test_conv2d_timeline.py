@@ -20,7 +20,8 @@ from kernels.conv2d import fused_conv2d_maxpool  # noqa: E402
 from nkisim.runtime import estimate, last_run  # noqa: E402
 from nkisim.timeline import to_chrome_trace  # noqa: E402
 
-pytestmark = [pytest.mark.simulate, pytest.mark.nki_dtype("float16")]
+pytestmark = [pytest.mark.simulate, pytest.mark.shipped_kernel("conv2d"),
+              pytest.mark.nki_dtype("float16")]
 
 
 @pytest.fixture(scope="module")

@@ -115,6 +115,18 @@ def test_pytest_nki_kernel_runs_the_students_conv(checkouts, which, code):
         assert "missing bias" in r.stdout and str(path) in r.stdout
 
 
+def test_pytest_nki_kernel_skips_the_tests_of_our_own_kernel(checkouts):
+    # tests/kernels/test_conv2d_kernel.py imports our conv2d module: under --nki-kernel it
+    # would pass whatever the student's kernel does (it passed with the bias dropped)
+    path = checkouts[1] / "part2" / "conv2d.py"
+    r = _run("-m", "pytest", "-m", "simulate", "-q", "-p", "no:cacheprovider", "-rs",
+             "--nki-kernel", f"conv2d={path}:fused_conv2d_maxpool",
+             "tests/kernels/test_conv2d_kernel.py", "-k", "small_images_bias_and_pool",
+             cwd=REPO)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "passed" not in r.stdout and "tests our own conv2d kernel, not yours" in r.stdout
+
+
 def test_pytest_nki_kernel_skips_the_cases_beyond_the_course_contract(checkouts):
     # docs/course-contract.md: pool 3 is beyond what the course asks of a conv2d, so a kernel
     # given with --nki-kernel skips that stored case (course lists it as not required), and
