@@ -66,8 +66,10 @@ def test_the_hypothesis_recipe_runs_as_written(checkouts):
 def test_a_failure_shrinks_and_prints_a_command_that_reproduces_it(checkouts):
     _, buggy = checkouts
     (buggy / "test_my_conv.py").write_text(_block("# test_my_conv.py"))
-    r = _run([sys.executable, "-m", "pytest", "test_my_conv.py", "-q", "-p", "no:cacheprovider",
-              "--hypothesis-seed", "0", *PLAIN], buggy)
+    # (run from outside the checkout: the recipe's relative kernel path is found beside the
+    # test file)
+    r = _run([sys.executable, "-m", "pytest", str(buggy / "test_my_conv.py"), "-q", "-p",
+              "no:cacheprovider", "--hypothesis-seed", "0", *PLAIN], buggy.parent)
     assert r.returncode == 1, r.stdout[-3000:]
     assert "systematic error" in r.stdout
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("reproduce: nki-verify case")]
