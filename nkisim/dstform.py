@@ -203,7 +203,7 @@ def _int_arith(fn, a, b) -> bool:
     names = _METHODS[fn]
     for x in (a, b):
         t = type(x)
-        if t is int or getattr(t, "PURE_ARITHMETIC", False):    # (ops.LoopIndex)
+        if t is int:
             continue
         if not isinstance(x, int) or t is bool or \
                 any(getattr(t, n) is not getattr(int, n) for n in names):

@@ -12,11 +12,9 @@ tensor); nki 0.3+ counts them from the end, as Python does (``normalize_key(nega
 
 from __future__ import annotations
 
-import sys
-
 import numpy as np
 
-from .errors import _PKG_DIR, nki_error
+from .errors import nki_error
 
 
 class IndexExpr:
@@ -189,8 +187,6 @@ class MaskExpr:
             return o.v
         if isinstance(o, (bool, np.bool_)):
             return bool(o)
-        if isinstance(o, LoopCondition):
-            return o.value
         raise nki_error("err_unsupported_expression_in_mask")
 
     def __and__(self, o):
@@ -211,55 +207,6 @@ class MaskExpr:
 
     def __bool__(self):
         raise nki_error("err_control_flow_condition_depending_on_arange")
-
-
-class LoopCondition:
-    """A comparison of a Beta 1 loop variable, or of a value computed from one (``i * 128 <
-    n``): a bool on the device's symbolic index. As a mask (AWS's reference/
-    allocated_fused_linear.py: ``mask=(i * 128 < n)``) it is the all-or-nothing mask of its
-    value, combined with index masks by ``&``/``|``; used as a Python truth value in the kernel
-    (``if (m + 1) * 128 > M:``, ``min(128, M - m * 128)``) it is control flow on the loop
-    variable, a suspicious-pattern warning: the front end traces the body once."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value):
-        self.value = bool(value)
-
-    def __bool__(self):
-        f = sys._getframe(1)
-        if f is not None and not f.f_code.co_filename.startswith(_PKG_DIR):
-            from . import context
-            run = context.maybe_current()
-            if run is not None and run.loops:
-                run.warn(("flow", context.caller_location()),
-                         "Python control flow on an nl.*_range loop variable: the real NKI "
-                         "front end traces the loop body once with a symbolic index, so `if` "
-                         "on it (or min/max of it) does not do what it does here; use masks "
-                         "or nl.static_range")
-        return self.value
-
-    def __and__(self, o):
-        if isinstance(o, (LoopCondition, bool, np.bool_)):
-            return LoopCondition(self.value and (o.value if isinstance(o, LoopCondition)
-                                                 else bool(o)))
-        return NotImplemented
-
-    __rand__ = __and__
-
-    def __or__(self, o):
-        if isinstance(o, (LoopCondition, bool, np.bool_)):
-            return LoopCondition(self.value or (o.value if isinstance(o, LoopCondition)
-                                                else bool(o)))
-        return NotImplemented
-
-    __ror__ = __or__
-
-    def __invert__(self):
-        return LoopCondition(not self.value)
-
-    def __repr__(self):
-        return f"LoopCondition({self.value})"
 
 
 def arange(*args):

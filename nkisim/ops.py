@@ -37,17 +37,7 @@ from .dtypes import (  # noqa: F401 - re-exported as nl.float32 etc.
     uint32,
 )
 from .errors import _PKG_DIR, nki_error, shape_str
-from .indexing import (  # noqa: F401
-    DynSlice,
-    IndexExpr,
-    LoopCondition,
-    MaskExpr,
-    arange,
-    ds,
-    mgrid,
-    par_dim,
-    whole,
-)
+from .indexing import DynSlice, IndexExpr, MaskExpr, arange, ds, mgrid, par_dim, whole  # noqa: F401
 from .indirect import (  # noqa: F401 - indirect_getitem: Tensor.__getitem__ (register_ops)
     dynamic_index,
     index_tiles,
@@ -184,7 +174,7 @@ NO_MASK = _NoMask()
 def _mask(mask, shape):
     if mask is None:
         return None
-    if isinstance(mask, (bool, np.bool_, LoopCondition)):
+    if isinstance(mask, (bool, np.bool_)):
         # a condition on loop indices and constants only evaluates to a Python bool: all or
         # nothing (AWS's reference/allocated_fused_linear.py: `mask=(i * 128 < n)`)
         return None if mask else np.zeros(shape, bool)
@@ -345,76 +335,43 @@ class LoopIndex(int):
 
     __slots__ = ()
 
-    # A comparison is a LoopCondition: a mask of its value, or control flow (a warning) when
-    # the kernel takes its truth value (nkisim.indexing.LoopCondition)
+    def _flow(self):
+        run = context.maybe_current()
+        if run is not None and run.loops:
+            run.warn(("flow", context.caller_location()),
+                     "Python control flow on an nl.*_range loop variable: the real NKI front end "
+                     "traces the loop body once with a symbolic index, so `if` on it does not "
+                     "do what it does here; use masks or nl.static_range")
+
     def __eq__(self, o):
-        r = int.__eq__(self, o)
-        return r if r is NotImplemented else LoopCondition(r)
+        self._flow()
+        return int(self) == o
 
     def __ne__(self, o):
-        r = int.__ne__(self, o)
-        return r if r is NotImplemented else LoopCondition(r)
+        self._flow()
+        return int(self) != o
 
     def __lt__(self, o):
-        r = int.__lt__(self, o)
-        return r if r is NotImplemented else LoopCondition(r)
+        self._flow()
+        return int(self) < o
 
     def __le__(self, o):
-        r = int.__le__(self, o)
-        return r if r is NotImplemented else LoopCondition(r)
+        self._flow()
+        return int(self) <= o
 
     def __gt__(self, o):
-        r = int.__gt__(self, o)
-        return r if r is NotImplemented else LoopCondition(r)
+        self._flow()
+        return int(self) > o
 
     def __ge__(self, o):
-        r = int.__ge__(self, o)
-        return r if r is NotImplemented else LoopCondition(r)
+        self._flow()
+        return int(self) >= o
 
     def __bool__(self):
-        return bool(LoopCondition(int(self) != 0))
+        self._flow()
+        return int(self) != 0
 
     __hash__ = int.__hash__
-
-    PURE_ARITHMETIC = True      # (its arithmetic has no side effect: nkisim.dstform._int_arith)
-
-    # Arithmetic with ints keeps the value symbolic on the device (`m * 128`, `M - m * 128`),
-    # so it stays a LoopIndex here: `min(128, M - m * 128)` or `if (m + 1) * 128 > M:` is
-    # control flow on the loop variable as much as `if m == last:` is.
-    def __add__(self, o):
-        r = int.__add__(self, o)
-        return r if r is NotImplemented else LoopIndex(r)
-
-    def __radd__(self, o):
-        r = int.__radd__(self, o)
-        return r if r is NotImplemented else LoopIndex(r)
-
-    def __sub__(self, o):
-        r = int.__sub__(self, o)
-        return r if r is NotImplemented else LoopIndex(r)
-
-    def __rsub__(self, o):
-        r = int.__rsub__(self, o)
-        return r if r is NotImplemented else LoopIndex(r)
-
-    def __mul__(self, o):
-        r = int.__mul__(self, o)
-        return r if r is NotImplemented else LoopIndex(r)
-
-    def __rmul__(self, o):
-        r = int.__rmul__(self, o)
-        return r if r is NotImplemented else LoopIndex(r)
-
-    def __floordiv__(self, o):
-        r = int.__floordiv__(self, o)
-        return r if r is NotImplemented else LoopIndex(r)
-
-    def __mod__(self, o):
-        r = int.__mod__(self, o)
-        return r if r is NotImplemented else LoopIndex(r)
-
-    def __neg__(self):
-        return LoopIndex(-int(self))
 
 
 def _loop(kind, args, make_index, api=None, watch=None):
@@ -1592,7 +1549,7 @@ def reduce_masks(mask, in_shape, axes, out_shape):
     that broadcasts to the input shape selects the input elements that take part, and an output
     element none of whose inputs is masked in is not written (our reading of "only processes");
     a mask that only fits the output shape masks the output."""
-    if mask is None or isinstance(mask, (bool, np.bool_, LoopCondition)):
+    if mask is None or isinstance(mask, (bool, np.bool_)):
         return None, _mask(mask, out_shape)
     if not isinstance(mask, MaskExpr):
         raise nki_error("err_unsupported_expression_in_mask")

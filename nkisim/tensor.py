@@ -28,7 +28,7 @@ import numpy as np
 
 from . import checks, context, dtypes, psum_init
 from .errors import nki_error, shape_str
-from .indexing import IndexExpr, LoopCondition, MaskExpr, normalize_key, split_shape, whole
+from .indexing import IndexExpr, MaskExpr, normalize_key, split_shape, whole
 from .memory import TOUCHED
 from .trace import TENSOR as TENSOR_ENGINE
 from .trace import Region
@@ -1906,7 +1906,7 @@ def _active_mask(shape):
     f = sys._getframe(2)
     while f is not None and f.f_code.co_filename.startswith(context._PKG_DIR):
         m = f.f_locals.get("mask")
-        if isinstance(m, (bool, np.bool_, LoopCondition)):   # a plain bool mask: all or none
+        if isinstance(m, (bool, np.bool_)):          # a plain bool mask: all or nothing
             return None if m else np.zeros(tuple(shape), bool)
         if m is not None:
             m = getattr(m, "v", m)
