@@ -331,7 +331,13 @@ def full_like(a, fill_value, dtype=None, *, buffer=None, name="", **kwargs):
 # iterators (ref §1.9)
 
 class LoopIndex(int):
-    """A loop variable: an int that notices Python control flow depending on it."""
+    """A loop variable: an int that notices Python control flow depending on it.
+
+    Arithmetic on it gives plain ints on purpose: values computed from loop variables are not
+    watched. AWS's CI-tested flash attention kernels (nki-samples reference/attention.py) branch
+    on them: `if i < n_tile_q:` with `i = i0 * size + i1`, `if multiplication_required_selection:`
+    computed from `q_tile_idx * B_P_SIZE`, and a warning there would be a false alarm on valid
+    code (tried and reverted; an `if` on the loop variable itself stays a warning)."""
 
     __slots__ = ()
 
