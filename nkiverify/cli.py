@@ -1033,8 +1033,8 @@ def find_course_kernels(root: str) -> tuple[list[str], list[str]]:
             # the trn1 course's step 3 (cs149-assignment §1): kernels the handout gives whole
             # (the _bad one wrong by design) to profile, not to write
             notes.append(f"{rel}: {' and '.join(handout)} not checked (the handout's own; the "
-                         "course runs them with `nkisim run --target trn1 vec_add.py --kernel "
-                         "alloc --size 256000` from part1/)")
+                         "course profiles them; run them here with `nkisim run --target trn1 "
+                         "vec_add.py --kernel alloc --size 256000` from part1/)")
         for func in funcs:
             if func in defined:
                 refs.append(f"{registry.COURSE_FUNCTIONS[func]}={path}:{func}")
