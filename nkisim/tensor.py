@@ -1608,15 +1608,20 @@ def _read_operand_masked(t: Tensor, api: str, run) -> np.ndarray:
         _check_oob(t, m)
     if t._ws is not None:
         run = run or context.current()
-        view = _masked_shadow_view(t, m, run)
-        try:
-            checks.check_read(run, view, api)
-        except ValueError as e:
-            if getattr(e, "nki_code", "") != _UNINIT:
-                raise
-            _taint(run, view, e)
-            checks.check_read(run, view, api, uninit=False)
+        _check_or_taint(run, _masked_shadow_view(t, m, run), api)
     return values(t)
+
+
+def _check_or_taint(run, view: Tensor, api: str) -> None:
+    """``checks.check_read`` of ``view``, where a read of never-written elements marks the
+    values computed from them (``_taint``) instead of raising."""
+    try:
+        checks.check_read(run, view, api)
+    except ValueError as e:
+        if getattr(e, "nki_code", "") != _UNINIT:
+            raise
+        _taint(run, view, e)
+        checks.check_read(run, view, api, uninit=False)
 
 
 def read(t: Tensor, api: str, run=None) -> np.ndarray:
@@ -1638,18 +1643,13 @@ def read(t: Tensor, api: str, run=None) -> np.ndarray:
             if code not in (_UNINIT, "nkisim_loop_carried_dependency"):
                 raise
             m = _active_mask(t.shape)
-            if m is None and code != _UNINIT:
+            if m is not None:           # the checks again, on the masked-in elements only
+                _check_or_taint(run, _masked_shadow_view(t, m, run), api)
+            elif code == _UNINIT:
+                _taint(run, t, e)
+                checks.check_read(run, t, api, uninit=False)
+            else:
                 raise
-            view = t if m is None else _masked_shadow_view(t, m, run)
-            try:
-                if m is None:
-                    raise
-                checks.check_read(run, view, api)
-            except ValueError as e2:
-                if getattr(e2, "nki_code", "") != _UNINIT:
-                    raise
-                _taint(run, view, e2)
-                checks.check_read(run, view, api, uninit=False)
     return values(t)
 
 
