@@ -671,7 +671,9 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
         raise nki_error("err_bias_tensor_must_be_specified_in_allocation")
     shape = _tile_shape(x)
     out = None
+    pre = None
     if fname in nl._ACT_RANGE:
+        # the function's input (computed once: checked here, used below)
         pre = v * sv if bv is None else v * sv + bv
         nl.activation_range(run, fname, pre, _mask(mask, pre.shape))
     if run.into is not None and mask is None and reduce_res is None and \
@@ -680,16 +682,22 @@ def activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=Non
         # fp32 ufuncs in the same order as below)
         out = direct_out(run, shape, dtype or x.dtype, SCALAR, api)
         if out is not None:
-            if type(bv) is np.ndarray and np.may_share_memory(bv, out):
-                bv = bv.copy()      # (a column of the destination: its value before the scale)
-            np.multiply(v, sv, out=out)
-            if bv is not None:
-                np.add(out, bv, out=out)
+            if pre is not None:
+                np.copyto(out, pre)
+            else:
+                if type(bv) is np.ndarray and np.may_share_memory(bv, out):
+                    bv = bv.copy()  # (a column of the destination: its value before the scale)
+                np.multiply(v, sv, out=out)
+                if bv is not None:
+                    np.add(out, bv, out=out)
             nl.apply_unary_into(fname, out)
     if out is None:
-        v = v * sv
-        if bv is not None:
-            v = v + bv
+        if pre is not None:
+            v = pre
+        else:
+            v = v * sv
+            if bv is not None:
+                v = v + bv
         out = nl.apply_unary(fname, v)
     detail = _detail(x)
     detail["func"] = fname
