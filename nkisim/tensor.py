@@ -1033,20 +1033,20 @@ class Tensor:
         run = context.maybe_current()
         kind, k = normalize_key(key, self.shape, self.name, oob,
                                 run is not None and run.rules.negative_indices)
-        if kind != "basic":
-            try:
-                np.broadcast_shapes(*(np.shape(x) for x in k if isinstance(x, np.ndarray)))
-            except ValueError:
-                shapes = " and ".join(shape_str(np.shape(x)) for x in k
-                                      if isinstance(x, np.ndarray))
-                raise nki_error("nkisim_invalid_argument", api=f"indexing `{self.name}`",
-                                why=f"index expressions of shapes {shapes} do not broadcast "
-                                    "together") from None
-        if self.paxis == 0 and k and self.root.buffer != "hbm":
-            _partition_index(self, kind, k)
+        tile = self.paxis == 0 and self.root.buffer != "hbm"
         if kind == "basic":
+            if tile and k:
+                _partition_index(self, k, None)
             return self._basic_view(k)
-        ishape = np.broadcast_shapes(*(np.shape(x) for x in k))
+        try:
+            ishape = np.broadcast_shapes(*(np.shape(x) for x in k))
+        except ValueError:
+            shapes = " and ".join(shape_str(np.shape(x)) for x in k if isinstance(x, np.ndarray))
+            raise nki_error("nkisim_invalid_argument", api=f"indexing `{self.name}`",
+                            why=f"index expressions of shapes {shapes} do not broadcast "
+                                "together") from None
+        if tile:
+            _partition_index(self, k, ishape)
         shape = ishape
         if len(k) < len(self.shape):
             shape = shape + self.shape[len(k):]
@@ -1534,23 +1534,23 @@ def _derive_indexed(t: Tensor, api: str, fn) -> Tensor:
     return v
 
 
-def _partition_index(t: Tensor, kind: str, k: tuple) -> None:
+def _partition_index(t: Tensor, k: tuple, shape) -> None:
     """A tile's partitions are indexed by one contiguous run, in order: the first index is an
     int, a unit-step slice, or an expression ``start + i`` along the result's first axis.
     "Flexible indexing is not supported along the partition dimension" (Beta 1 programming
     model, "Advanced Tensor Indexing"; its Case #2 transposes through nc_transpose, not an
     index); "the access on the partition dimension must be contiguous ... not allowed because
     it reads every other partition" (nki-aps.rst, which the current dialect's views are
-    built on). HBM tensors take any row pattern (``a[2 * i_p + 1, i_f]``)."""
+    built on). HBM tensors take any row pattern (``a[2 * i_p + 1, i_f]``). ``k``: the
+    normalized key; ``shape``: its index arrays' broadcast shape, None for a basic key."""
     p = k[0]
-    if kind == "basic":
+    if shape is None:
         if type(p) is slice and p.step != 1:
             raise nki_error("nkisim_partition_index", name=t.name,
                             what=f"steps through partitions ({p.start}:{p.stop}:{p.step})")
         return
     if not isinstance(p, np.ndarray):
         return
-    shape = np.broadcast_shapes(*(np.shape(x) for x in k if isinstance(x, np.ndarray)))
     v = np.broadcast_to(p, shape)
     n = shape[0] if shape else 1
     run = v.flat[0] + np.arange(n).reshape((n,) + (1,) * (len(shape) - 1)) if shape else v
