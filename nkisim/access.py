@@ -107,14 +107,19 @@ def _merged(pairs) -> list:
     return out
 
 
+def _offsets(t: Tensor, api) -> np.ndarray:
+    """The values of a tile of offsets or indices, flat. One never written is no garbage value
+    to carry on: it picks the address read now (the uninitialized-read error, not the
+    placeholder value 4 as an index)."""
+    if t._ws is not None:
+        checks.check_read(context.current(), t, api)
+    return np.asarray(read(t, api)).reshape(-1)
+
+
 def _index_value(x, api) -> int:
     """A dynamic offset's value now (nkisim runs eagerly): a [1, 1] tile, a register or int."""
     if isinstance(x, Tensor):
-        if x._ws is not None:
-            # an offset never written is no garbage value to carry on: it picks the address
-            # read now (the uninitialized-read error, not the placeholder value 4 as an index)
-            checks.check_read(context.current(), x, api)
-        v = np.asarray(read(x, api)).reshape(-1)
+        v = _offsets(x, api)
         if v.size != 1:
             raise nki_error("nkisim_invalid_argument", api=api,
                             why=f"scalar_offset must hold one value, got {list(x.shape)}")
@@ -310,9 +315,7 @@ def _indirect(t, pairs, shape, strides, first, base, sdt, dt, vector_offset, ind
     if onchip:
         raise nki_error("nkisim_unsupported", what="vector_offset on an SBUF/PSUM tensor",
                         why="nkisim gathers/scatters HBM tensors only")
-    if vector_offset._ws is not None:
-        checks.check_read(context.current(), vector_offset, api)    # (as _index_value)
-    idx = np.asarray(read(vector_offset, api)).reshape(-1).astype(np.int64)
+    idx = _offsets(vector_offset, api).astype(np.int64)
     if idx.size != shape[0]:
         raise nki_error("nkisim_invalid_argument", api=api,
                         why=f"vector_offset has {idx.size} indices for a first dimension of "
@@ -366,9 +369,7 @@ def vector_select(t: Tensor, dim: int, vector_offset) -> Tensor:
     if not isinstance(vector_offset, Tensor):
         raise nki_error("nkisim_invalid_argument", api=api,
                         why="vector_offset must be an SBUF tile of indices")
-    if vector_offset._ws is not None:
-        checks.check_read(context.current(), vector_offset, api)    # (as _index_value)
-    idx = np.asarray(read(vector_offset, api)).reshape(-1).astype(np.int64)
+    idx = _offsets(vector_offset, api).astype(np.int64)
     n = t.shape[0]
     bad = (idx < 0) | (idx >= n)
     if bad.any():
