@@ -103,7 +103,16 @@ def rewrite_mask_boolops(func):
 # on the device. `carried_names` finds the candidates in the source; nkisim.ops._loop watches
 # their values.
 
-_CARRIED: dict = {}    # code object -> {line of a `for` statement: (names, loop variable)}
+# code object -> ({line of a `for` statement's header: (names, loop variable, picks)}, the
+# lines of every `for` statement's header)
+_LOOPS: dict = {}
+
+
+def _loops(code) -> tuple:
+    loops = _LOOPS.get(code)
+    if loops is None:
+        loops = _LOOPS[code] = _loop_table(code)
+    return loops
 
 
 def carried_names(code, line) -> tuple:
@@ -114,58 +123,40 @@ def carried_names(code, line) -> tuple:
     variable's source; and, per name, the names of the containers it only ever indexes
     (``bufs`` in ``bufs[k % 2]``), or None when it has another use. ``((), "", {})`` when the
     source is not available or nothing is carried."""
-    table = _CARRIED.get(code)
-    if table is None:
-        table = _CARRIED[code] = _loop_table(code)
-    return table.get(line, ((), "", {}))
-
-
-_FOR_LINES: dict = {}   # code object -> the lines of its `for` statements' headers
+    return _loops(code)[0].get(line, ((), "", {}))
 
 
 def for_statement(code, line) -> bool:
     """Is ``line`` of ``code`` in the header of a ``for`` statement (not a comprehension, nor a
     call such as ``list(range(n))``)? False when the source is not available."""
-    lines = _FOR_LINES.get(code)
-    if lines is None:
-        lines = set()
-        try:
-            src, first = inspect.getsourcelines(code)
-            tree = ast.parse(textwrap.dedent("".join(src)))
-        except (OSError, TypeError, SyntaxError, IndentationError):
-            tree, first = None, 1
-        fn = tree.body[0] if tree is not None and tree.body else None
-        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            offset = (first or 1) - 1
-            for node in _own_nodes(fn.body):
-                if isinstance(node, ast.For):
-                    lines.update(range(node.lineno + offset, node.iter.end_lineno + offset + 1))
-        _FOR_LINES[code] = lines
-    return line in lines
+    return line in _loops(code)[1]
 
 
-def _loop_table(code) -> dict:
+def _loop_table(code) -> tuple:
+    """``_loops``'s entry of ``code``, from its source."""
     try:
         lines, first = inspect.getsourcelines(code)
         tree = ast.parse(textwrap.dedent("".join(lines)))
     except (OSError, TypeError, SyntaxError, IndentationError):
-        return {}
+        return {}, frozenset()
     fn = tree.body[0] if tree.body else None
     if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return {}
-    table = {}
+        return {}, frozenset()
+    table, headers = {}, set()
     offset = (first or 1) - 1
     reads = None
     for node in _own_nodes(fn.body):
         if isinstance(node, ast.For):
+            header = range(node.lineno + offset, node.iter.end_lineno + offset + 1)
+            headers.update(header)
             if reads is None:
                 reads = _uses(fn.body)
             names, picks = _carried(node, {n for ln, n in reads if ln > node.end_lineno})
             if names:
                 entry = (names, ast.unparse(node.target), picks)
-                for ln in range(node.lineno, node.iter.end_lineno + 1):
-                    table[ln + offset] = entry
-    return table
+                for ln in header:
+                    table[ln] = entry
+    return table, frozenset(headers)
 
 
 def _own_nodes(stmts):
